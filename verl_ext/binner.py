@@ -1,0 +1,254 @@
+"""Online difficulty binner (paper §3.1.2; DESIGN §2.1).
+
+Each prompt, keyed by its stable dataset id, keeps a ring buffer of its last H visits, one
+``(correct, rollouts)`` pair per visit. Its difficulty statistic is the windowed mean accuracy
+
+    p̂(x) = Σ_{visits in window} correct / Σ_{visits in window} rollouts          (pass@1 estimate)
+
+and pass@k = 1 - (1 - p̂)^k is a derived view. We record counts rather than "solved at least
+once" because with Rollout-GDRO a prompt given 12 rollouts is solved at least once far more
+often than one given 2: an any-correct statistic would depend on the allocation itself.
+
+Bins are accuracy intervals a_0 = 0 < a_1 < ... < a_K = 1; bin 0 is the hardest. A prompt moves
+out of its current bin only when p̂ lies beyond the bin's boundary by more than the hysteresis
+margin δ. Never-visited prompts form their own group K (``unseen=own_bin``) or are placed at a
+prior accuracy (``unseen=prior``); they are never lumped into the hardest bin.
+
+All state is dense arrays indexed by prompt id (ids must be integers in [0, num_prompts)); an
+update touches only the rows of the batch, so its cost is O(batch) whatever the dataset size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from verl_ext.config import BinnerConfig
+
+UNSEEN = -1  # internal marker in ``_bin`` for a prompt with no visit yet
+
+
+class PromptIdError(ValueError):
+    """Prompt ids that cannot key the binner: missing, non-integer, out of range or duplicated."""
+
+
+def check_prompt_ids(ids: Any, *, num_prompts: Optional[int] = None, what: str = "prompt ids") -> np.ndarray:
+    """Validate a batch (or a whole dataset column) of prompt ids and return them as int64.
+
+    Raises :class:`PromptIdError` naming the first offending row and value when an id is missing
+    (None / NaN), not an integer, negative, >= ``num_prompts``, or appears twice.
+    """
+    arr = np.asarray(ids, dtype=object) if not isinstance(ids, np.ndarray) else ids
+    if arr.ndim != 1:
+        raise PromptIdError(f"{what}: expected a 1-D sequence, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        # Slow path only for object / float input: find the first row that is not an integer.
+        out = np.empty(len(arr), dtype=np.int64)
+        for row, value in enumerate(arr.tolist()):
+            if value is None or (isinstance(value, float) and not np.isfinite(value)):
+                raise PromptIdError(f"{what}: row {row} has no id (value {value!r}); every prompt needs extra_info.index")
+            if isinstance(value, bool) or not float(value).is_integer():
+                raise PromptIdError(f"{what}: row {row} has a non-integer id {value!r}")
+            out[row] = int(value)
+        arr = out
+    else:
+        arr = arr.astype(np.int64, copy=False)
+    if len(arr) and arr.min() < 0:
+        row = int(np.argmax(arr < 0))
+        raise PromptIdError(f"{what}: row {row} has a negative id {int(arr[row])}")
+    if num_prompts is not None and len(arr) and arr.max() >= num_prompts:
+        row = int(np.argmax(arr >= num_prompts))
+        raise PromptIdError(f"{what}: row {row} has id {int(arr[row])} outside [0, {num_prompts}) (binner capacity)")
+    if len(arr) > 1:
+        order = np.argsort(arr, kind="stable")
+        sorted_ids = arr[order]
+        dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+        if len(dup):
+            first, second = sorted(order[dup[0] : dup[0] + 2].tolist())
+            raise PromptIdError(
+                f"{what}: id {int(arr[first])} appears at rows {first} and {second}; ids must be unique "
+                "(verl's RLHFDataset fills a missing extra_info.index with 0, so every prompt collides)"
+            )
+    return arr
+
+
+@dataclass
+class BinnerUpdate:
+    """What one update saw: per-prompt accuracy of this visit and counters for metrics."""
+
+    batch_accuracy: np.ndarray  # (B,) correct / rollouts of this visit
+    num_nonfinite: int  # rewards that were NaN/inf and counted as incorrect
+    num_moved: int  # prompts whose bin changed
+
+
+class OnlineDifficultyBinner:
+    """Sliding-window pass-rate binner with hysteresis, keyed by dense prompt ids.
+
+    Groups are numbered 0..K-1 for the accuracy bins (0 = hardest) and K for unseen prompts
+    (``unseen=own_bin``), so controllers size their arrays with :attr:`num_groups`.
+    """
+
+    def __init__(self, config: BinnerConfig, num_prompts: int):
+        if not isinstance(num_prompts, (int, np.integer)) or num_prompts < 1:
+            raise ValueError(f"num_prompts={num_prompts!r} must be a positive integer")
+        self.config = config
+        self.num_prompts = int(num_prompts)
+        self.edges = np.asarray(config.edges(), dtype=np.float64)
+        self.num_bins = len(self.edges) - 1
+        self.num_groups = self.num_bins + (1 if config.unseen == "own_bin" else 0)
+        self.unseen_group = self.num_bins if config.unseen == "own_bin" else self._bin_of(np.array([config.unseen_prior]))[0]
+        h = config.window
+        # uint16 counts: a visit holds at most a few thousand rollouts (RolloutGDROConfig caps n_max).
+        # np.zeros maps untouched pages lazily, so a 1M-prompt table costs memory only where used.
+        self._correct = np.zeros((self.num_prompts, h), dtype=np.uint16)
+        self._rollouts = np.zeros((self.num_prompts, h), dtype=np.uint16)
+        self._sum_correct = np.zeros(self.num_prompts, dtype=np.int64)
+        self._sum_rollouts = np.zeros(self.num_prompts, dtype=np.int64)
+        self._cursor = np.zeros(self.num_prompts, dtype=np.int32)  # next ring slot
+        self._visits = np.zeros(self.num_prompts, dtype=np.int64)  # total visits ever
+        self._bin = np.full(self.num_prompts, UNSEEN, dtype=np.int32)
+        self.total_nonfinite = 0
+
+    # ------------------------------------------------------------------ queries
+    def _bin_of(self, accuracy: np.ndarray) -> np.ndarray:
+        """Plain interval lookup; accuracy 1.0 falls in the last bin."""
+        return np.clip(np.searchsorted(self.edges, accuracy, side="right") - 1, 0, self.num_bins - 1).astype(np.int32)
+
+    def groups_of(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """Current group of each prompt (0..K-1 by accuracy, :attr:`unseen_group` if never seen)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        bins = self._bin[ids]
+        return np.where(bins == UNSEEN, self.unseen_group, bins).astype(np.int64)
+
+    def accuracy_of(self, prompt_ids: np.ndarray) -> np.ndarray:
+        """Windowed mean accuracy p̂ (NaN for a prompt never seen)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        num = self._sum_correct[ids].astype(np.float64)
+        den = self._sum_rollouts[ids].astype(np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / np.maximum(den, 1), np.nan)
+
+    def pass_at_k(self, prompt_ids: np.ndarray, k: int) -> np.ndarray:
+        """Derived pass@k = 1 - (1 - p̂)^k from the windowed accuracy."""
+        return 1.0 - (1.0 - self.accuracy_of(prompt_ids)) ** k
+
+    def visits_of(self, prompt_ids: np.ndarray) -> np.ndarray:
+        return self._visits[np.asarray(prompt_ids, dtype=np.int64)].copy()
+
+    def seen_fraction(self) -> float:
+        return float(np.count_nonzero(self._visits)) / self.num_prompts
+
+    # ------------------------------------------------------------------ update
+    def update(self, prompt_ids: Any, correct: Any, rollouts: Any, num_nonfinite: int = 0) -> BinnerUpdate:
+        """Record one visit per prompt: ``correct[i]`` successes out of ``rollouts[i]`` rollouts.
+
+        ``prompt_ids`` must be unique within the batch. ``num_nonfinite`` is the number of
+        NaN/inf rewards the caller already counted as incorrect (see :func:`aggregate_responses`).
+        """
+        ids = check_prompt_ids(prompt_ids, num_prompts=self.num_prompts)
+        correct = np.asarray(correct, dtype=np.int64)
+        rollouts = np.asarray(rollouts, dtype=np.int64)
+        if correct.shape != ids.shape or rollouts.shape != ids.shape:
+            raise ValueError(f"binner.update: shapes differ: ids {ids.shape}, correct {correct.shape}, rollouts {rollouts.shape}")
+        if np.any(rollouts < 1) or np.any(correct < 0) or np.any(correct > rollouts):
+            row = int(np.argmax((rollouts < 1) | (correct < 0) | (correct > rollouts)))
+            raise ValueError(
+                f"binner.update: row {row} (prompt {int(ids[row])}) has correct={int(correct[row])}, "
+                f"rollouts={int(rollouts[row])}; need 0 <= correct <= rollouts and rollouts >= 1"
+            )
+        if np.any(rollouts > np.iinfo(np.uint16).max):
+            raise ValueError("binner.update: more than 65535 rollouts in one visit")
+
+        slot = self._cursor[ids]
+        # Evict the visit leaving the window from the running sums (zeros until the ring is full).
+        self._sum_correct[ids] += correct - self._correct[ids, slot]
+        self._sum_rollouts[ids] += rollouts - self._rollouts[ids, slot]
+        self._correct[ids, slot] = correct
+        self._rollouts[ids, slot] = rollouts
+        self._cursor[ids] = (slot + 1) % self.config.window
+        self._visits[ids] += 1
+
+        acc = self._sum_correct[ids] / self._sum_rollouts[ids]
+        old = self._bin[ids]
+        target = self._bin_of(acc)
+        delta = self.config.hysteresis
+        if delta > 0:
+            seen = old != UNSEEN
+            lo = self.edges[np.where(seen, old, 0)]
+            hi = self.edges[np.where(seen, old, 0) + 1]
+            inside = (acc >= lo - delta) & (acc <= hi + delta)
+            new = np.where(seen & inside, old, target)
+        else:
+            new = target
+        self._bin[ids] = new
+        self.total_nonfinite += int(num_nonfinite)
+        return BinnerUpdate(
+            batch_accuracy=correct / rollouts,
+            num_nonfinite=int(num_nonfinite),
+            num_moved=int(np.count_nonzero((old != UNSEEN) & (old != new))),
+        )
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "num_prompts": self.num_prompts,
+            "window": self.config.window,
+            "edges": self.edges.copy(),
+            "correct": self._correct.copy(),
+            "rollouts": self._rollouts.copy(),
+            "sum_correct": self._sum_correct.copy(),
+            "sum_rollouts": self._sum_rollouts.copy(),
+            "cursor": self._cursor.copy(),
+            "visits": self._visits.copy(),
+            "bin": self._bin.copy(),
+            "total_nonfinite": self.total_nonfinite,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["num_prompts"]) != self.num_prompts or int(state["window"]) != self.config.window:
+            raise ValueError(
+                f"binner checkpoint is for num_prompts={state['num_prompts']}, window={state['window']}; "
+                f"this run has num_prompts={self.num_prompts}, window={self.config.window}"
+            )
+        if not np.array_equal(np.asarray(state["edges"]), self.edges):
+            raise ValueError(f"binner checkpoint bin edges {list(state['edges'])} differ from the config's {list(self.edges)}")
+        self._correct[...] = state["correct"]
+        self._rollouts[...] = state["rollouts"]
+        self._sum_correct[...] = state["sum_correct"]
+        self._sum_rollouts[...] = state["sum_rollouts"]
+        self._cursor[...] = state["cursor"]
+        self._visits[...] = state["visits"]
+        self._bin[...] = state["bin"]
+        self.total_nonfinite = int(state["total_nonfinite"])
+
+
+def aggregate_responses(response_prompt_ids: Any, response_correct: Any, return_inverse: bool = False) -> tuple:
+    """Per-response outcomes → per-prompt ``(ids, correct, rollouts)`` plus the NaN/inf count.
+
+    ``response_correct`` may be verl's boolean ``acc`` or a float reward where > 0 means correct;
+    NaN and inf values count as incorrect and are counted (never crash, never poison the state).
+    Prompts are returned in order of first appearance; with ``return_inverse`` a fifth element
+    maps each response to its prompt's row.
+    """
+    pid = np.asarray(response_prompt_ids, dtype=np.int64)
+    raw = np.asarray(response_correct)
+    if raw.dtype == bool:
+        ok = raw
+        nonfinite = 0
+    else:
+        val = raw.astype(np.float64)
+        finite = np.isfinite(val)
+        nonfinite = int(np.count_nonzero(~finite))
+        ok = finite & (val > 0)
+    uniq, first, inverse = np.unique(pid, return_index=True, return_inverse=True)
+    correct = np.bincount(inverse, weights=ok, minlength=len(uniq)).astype(np.int64)
+    rollouts = np.bincount(inverse, minlength=len(uniq)).astype(np.int64)
+    order = np.argsort(first, kind="stable")
+    out = (uniq[order], correct[order], rollouts[order], nonfinite)
+    if return_inverse:
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        out = out + (rank[inverse],)
+    return out

@@ -1,0 +1,306 @@
+"""Typed, self-validating configuration for the GDRO controllers.
+
+Defaults are the paper's appendix values (Panaganti et al., 2026, App. A.2) unless a field's
+docstring says otherwise. Every dataclass validates itself in ``__post_init__`` and raises
+:class:`GDROConfigError` naming the offending field, so an impossible setting fails at start-up,
+before any GPU time is spent.
+
+The recipe's Hydra section ``gdro:`` maps one-to-one onto :class:`GDROConfig`
+(``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``); :func:`gdro_config_from_dict` builds
+it and rejects unknown keys and wrong types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
+ALLOCATORS = ("sqrt", "bandit", "knapsack", "uniform")
+UNSEEN_MODES = ("own_bin", "prior")
+COUPLINGS = ("none", "divide_by_allocation")
+
+
+class GDROConfigError(ValueError):
+    """An impossible or malformed GDRO setting. The message names the field at fault."""
+
+
+def _fail(field_name: str, value: Any, why: str) -> None:
+    raise GDROConfigError(f"gdro config: {field_name}={value!r} is invalid: {why}")
+
+
+def _check_unit(name: str, value: float, *, open_low: bool = False, open_high: bool = False) -> None:
+    lo_ok = value > 0 if open_low else value >= 0
+    hi_ok = value < 1 if open_high else value <= 1
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and lo_ok and hi_ok):
+        lo = "(0" if open_low else "[0"
+        hi = "1)" if open_high else "1]"
+        _fail(name, value, f"must lie in {lo}, {hi}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        _fail(name, value, "must be a finite number > 0")
+
+
+@dataclass
+class BinnerConfig:
+    """Online difficulty binner (paper §3.1.2; DESIGN §2.1).
+
+    Attributes:
+        num_bins: K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored
+            when ``bin_edges`` is given.
+        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy. Bin 0 is
+            the hardest (lowest accuracy).
+        window: H, the number of most recent visits a prompt's statistic is computed over
+            (authors' scripts: 50 or 100).
+        hysteresis: δ, a prompt leaves its bin only when its statistic is beyond the bin's
+            boundary by more than δ (authors' scripts: 0.03 for Prompt-GDRO, 0 for Rollout-GDRO).
+        unseen: how never-visited prompts are grouped. ``own_bin`` (default) gives them a
+            separate group K that both adversaries treat like any other bin; ``prior`` puts them
+            in the bin that contains ``unseen_prior``. Never "hardest bin" (the released code's
+            accuracy-0 default makes every fresh prompt look maximally hard).
+        unseen_prior: prior accuracy used by ``unseen=prior``.
+    """
+
+    num_bins: int = 10
+    bin_edges: Optional[list[float]] = None
+    window: int = 50
+    hysteresis: float = 0.0
+    unseen: str = "own_bin"
+    unseen_prior: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_bins, int) or isinstance(self.num_bins, bool) or self.num_bins < 1:
+            _fail("binner.num_bins", self.num_bins, "must be an integer >= 1")
+        if self.bin_edges is not None:
+            edges = [float(e) for e in self.bin_edges]
+            if len(edges) < 2:
+                _fail("binner.bin_edges", self.bin_edges, "needs at least two edges (0 and 1)")
+            if edges[0] != 0.0 or edges[-1] != 1.0:
+                _fail("binner.bin_edges", self.bin_edges, "must start at 0 and end at 1")
+            if any(b <= a for a, b in zip(edges, edges[1:])):
+                _fail("binner.bin_edges", self.bin_edges, "must be strictly increasing")
+            self.bin_edges = edges
+            self.num_bins = len(edges) - 1
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
+            _fail("binner.window", self.window, "must be an integer >= 1")
+        if not (isinstance(self.hysteresis, (int, float)) and 0 <= self.hysteresis < 0.5):
+            _fail("binner.hysteresis", self.hysteresis, "must lie in [0, 0.5)")
+        if self.unseen not in UNSEEN_MODES:
+            _fail("binner.unseen", self.unseen, f"must be one of {UNSEEN_MODES}")
+        _check_unit("binner.unseen_prior", self.unseen_prior)
+
+    def edges(self) -> list[float]:
+        """The K+1 bin edges in use."""
+        if self.bin_edges is not None:
+            return list(self.bin_edges)
+        return [i / self.num_bins for i in range(self.num_bins + 1)]
+
+
+@dataclass
+class PromptGDROConfig:
+    """Prompt-GDRO, the data adversary: EMA-debiased EXP3P over bins (paper Eq. 12-16, App. A.2.1).
+
+    Attributes:
+        enable: multiply each response's GRPO advantage by its bin's adversary weight.
+        eta: η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C)).
+        gamma: γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K.
+        beta: β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b).
+        score_clip: C, the score clip before exponentiation (keeps ω finite).
+        weight_cap: ω_max, per-response multipliers are capped here after normalisation.
+        share_floor: floor on the realised batch share q̂(b) in the debiasing division.
+        loss_signal: the per-prompt loss ℓ(x) the adversary sees (see :mod:`verl_ext.prompt_gdro`):
+            ``learnability`` p̂(1-p̂), ``failure_rate`` 1-p̂, ``mean_abs_advantage`` mean |A|.
+        rollout_coupling: joint mode only. ``divide_by_allocation`` divides a prompt's weight
+            by n(x)/n̄ so a prompt given more rollouts does not also get more total weight
+            through its extra tokens; ``none`` leaves weights as they are.
+    """
+
+    enable: bool = False
+    eta: float = 0.65
+    gamma: float = 0.01
+    beta: float = 0.12
+    score_clip: float = 5.0
+    weight_cap: float = 15.0
+    share_floor: float = 0.01
+    loss_signal: str = "learnability"
+    rollout_coupling: str = "none"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable, bool):
+            _fail("prompt.enable", self.enable, "must be true or false")
+        _check_positive("prompt.eta", self.eta)
+        _check_unit("prompt.gamma", self.gamma)
+        _check_unit("prompt.beta", self.beta, open_low=True)
+        _check_positive("prompt.score_clip", self.score_clip)
+        if not (isinstance(self.weight_cap, (int, float)) and math.isfinite(self.weight_cap) and self.weight_cap >= 1):
+            _fail("prompt.weight_cap", self.weight_cap, "must be a finite number >= 1")
+        _check_unit("prompt.share_floor", self.share_floor, open_low=True)
+        if self.loss_signal not in LOSS_SIGNALS:
+            _fail("prompt.loss_signal", self.loss_signal, f"must be one of {LOSS_SIGNALS}")
+        if self.rollout_coupling not in COUPLINGS:
+            _fail("prompt.rollout_coupling", self.rollout_coupling, f"must be one of {COUPLINGS}")
+
+
+@dataclass
+class RolloutGDROConfig:
+    """Rollout-GDRO, the compute adversary (paper Eq. 17-21, §4.3, App. A.2.2).
+
+    Attributes:
+        enable: schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``.
+        allocator: ``sqrt`` (square-root law via the shadow price), ``bandit`` (the paper's
+            per-bin EXP3P over arms with an exact-budget DP), ``knapsack`` (Knapsack-RL's value
+            rule), ``uniform``.
+        n_mean: n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The
+            recipe ties it to ``actor_rollout_ref.rollout.n``.
+        n_min: smallest count for any prompt; at least 2 (a GRPO group of one gets its raw
+            reward as advantage in verl).
+        n_max: largest count for any prompt (appendix: 12 = 3 n̄).
+        mu_lr: α_μ, the dual-ascent step on the shadow price, taken in log space:
+            log μ ← log μ + α_μ (n̂ - n̄)/n̄, with n̂ the mean of the unrepaired proposal.
+        mu_init: initial μ; ``None`` clears the first batch's budget exactly.
+        variance_beta: EMA rate of each bin's within-group reward variance v_b.
+        variance_prior: v_b for a bin never observed (Bernoulli maximum 0.25).
+        variance_floor: lower bound on v_b, so a solved bin still has a finite price.
+        bandit_eta / bandit_gamma / bandit_beta: EXP3P learning rate, exploration and EMA rate of
+            the ``bandit`` allocator's per-(bin, arm) scores.
+        seed: RNG seed (the bandit's exploration; ties).
+    """
+
+    enable: bool = False
+    allocator: str = "sqrt"
+    n_mean: int = 4
+    n_min: int = 2
+    n_max: int = 12
+    mu_lr: float = 0.05
+    mu_init: Optional[float] = None
+    variance_beta: float = 0.1
+    variance_prior: float = 0.25
+    variance_floor: float = 1e-3
+    bandit_eta: float = 0.65
+    bandit_gamma: float = 0.05
+    bandit_beta: float = 0.12
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enable, bool):
+            _fail("rollout.enable", self.enable, "must be true or false")
+        if self.allocator not in ALLOCATORS:
+            _fail("rollout.allocator", self.allocator, f"must be one of {ALLOCATORS}")
+        for name in ("n_mean", "n_min", "n_max", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                _fail(f"rollout.{name}", value, "must be an integer")
+        if self.n_min < 2:
+            _fail("rollout.n_min", self.n_min, "must be >= 2 (a GRPO group of one rollout has no baseline)")
+        if self.n_min > self.n_mean:
+            _fail("rollout.n_min", self.n_min, f"must be <= rollout.n_mean={self.n_mean}")
+        if self.n_max < self.n_mean:
+            _fail("rollout.n_max", self.n_max, f"must be >= rollout.n_mean={self.n_mean}")
+        if self.n_max > 4096:
+            _fail("rollout.n_max", self.n_max, "must be <= 4096")
+        _check_positive("rollout.mu_lr", self.mu_lr)
+        if self.mu_init is not None:
+            _check_positive("rollout.mu_init", self.mu_init)
+        _check_unit("rollout.variance_beta", self.variance_beta, open_low=True)
+        _check_unit("rollout.variance_prior", self.variance_prior, open_low=True)
+        _check_unit("rollout.variance_floor", self.variance_floor, open_low=True)
+        _check_positive("rollout.bandit_eta", self.bandit_eta)
+        _check_unit("rollout.bandit_gamma", self.bandit_gamma)
+        _check_unit("rollout.bandit_beta", self.bandit_beta, open_low=True)
+
+
+@dataclass
+class GDROConfig:
+    """The whole ``gdro:`` section: the binner and the two adversaries.
+
+    Attributes:
+        binner: the online difficulty binner, shared by both adversaries.
+        prompt: Prompt-GDRO (advantage reweighting).
+        rollout: Rollout-GDRO (rollout allocation).
+        dry_run: recipe only: validate the config, print the plan and exit.
+        metrics_file: recipe only: per-step JSON lines file name inside the experiment folder.
+    """
+
+    binner: BinnerConfig = field(default_factory=BinnerConfig)
+    prompt: PromptGDROConfig = field(default_factory=PromptGDROConfig)
+    rollout: RolloutGDROConfig = field(default_factory=RolloutGDROConfig)
+    dry_run: bool = False
+    metrics_file: str = "gdro_metrics.jsonl"
+
+    @property
+    def enabled(self) -> bool:
+        return self.prompt.enable or self.rollout.enable
+
+
+def _coerce(path: str, annotation: Any, value: Any) -> Any:
+    """Check ``value`` against a dataclass field annotation; no silent string-to-number casts."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(path, inner[0], value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise GDROConfigError(f"gdro config: {path}={value!r} must be true or false")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise GDROConfigError(f"gdro config: {path}={value!r} must be an integer")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise GDROConfigError(f"gdro config: {path}={value!r} must be a number")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise GDROConfigError(f"gdro config: {path}={value!r} must be a string")
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise GDROConfigError(f"gdro config: {path}={value!r} must be a list")
+        return [_coerce(f"{path}[{i}]", args[0], v) for i, v in enumerate(value)]
+    return value
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise GDROConfigError(f"gdro config: {prefix or 'gdro'} must be a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise GDROConfigError(
+            f"gdro config: unknown key(s) {', '.join('gdro.' + where + k for k in unknown)}; "
+            f"valid keys under gdro.{where or ''}: {', '.join(sorted(known))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{prefix}.{name}" if prefix else name
+        annotation = hints[name]
+        if dataclasses.is_dataclass(annotation):
+            kwargs[name] = _build(annotation, value if value is not None else {}, path)
+        else:
+            kwargs[name] = _coerce(path, annotation, value)
+    return cls(**kwargs)
+
+
+def gdro_config_from_dict(data: Optional[Mapping[str, Any]]) -> GDROConfig:
+    """Build a validated :class:`GDROConfig` from a plain mapping (e.g. the Hydra ``gdro`` section).
+
+    Raises :class:`GDROConfigError` naming the key for unknown keys, wrong types and impossible
+    values.
+    """
+    return _build(GDROConfig, dict(data or {}), "")
+
+
+def gdro_config_to_dict(config: GDROConfig) -> dict[str, Any]:
+    """The plain-dict form of a config (for logging and checkpoints)."""
+    return dataclasses.asdict(config)

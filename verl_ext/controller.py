@@ -1,0 +1,188 @@
+"""GDROController: the binner and both adversaries behind one driver-side interface.
+
+One training step, as the recipe and the simulator drive it::
+
+    counts = ctl.schedule(prompt_ids)                  # before generation: n(x) per prompt
+    ... generate counts[i] rollouts for prompt i, score them, GRPO advantages ...
+    mult = ctl.observe(response_prompt_ids, response_acc,
+                       response_abs_advantage=...)     # after rewards: per-response multipliers
+    advantages *= mult[:, None]                        # Prompt-GDRO reweighting
+    metrics = ctl.metrics()                            # per-bin shares, weights, μ, se proxy
+
+Within ``observe`` the order is: group each prompt by its bin *before* this visit (the bin it
+was scheduled in), update Prompt-GDRO with this step's losses, update Rollout-GDRO's variance
+estimates, then record the visit in the binner (which may move the prompt for the next step).
+With an adversary disabled its part is skipped: ``schedule`` returns n̄ for every prompt and
+``observe`` returns all-ones multipliers, so the step is plain GRPO.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from typing import Any, Optional
+
+import numpy as np
+
+from verl_ext.binner import OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
+from verl_ext.config import GDROConfig, gdro_config_to_dict
+from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
+from verl_ext.rollout_gdro import RolloutGDRO
+
+STATE_VERSION = 1
+
+
+class GDROController:
+    """Driver-side GDRO state for a dataset of ``num_prompts`` prompts with ids 0..num_prompts-1."""
+
+    def __init__(self, config: GDROConfig, num_prompts: int):
+        self.config = config
+        self.binner = OnlineDifficultyBinner(config.binner, num_prompts)
+        self.num_groups = self.binner.num_groups
+        self.prompt = PromptGDRO(config.prompt, self.num_groups)
+        self.rollout = RolloutGDRO(config.rollout, self.num_groups)
+        self.step = 0
+        self._metrics: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ names
+    def group_names(self) -> list[str]:
+        names = [f"bin_{b:02d}" for b in range(self.binner.num_bins)]
+        if self.num_groups > self.binner.num_bins:
+            names.append("unseen")
+        return names
+
+    # ------------------------------------------------------------------ step
+    def schedule(self, prompt_ids: Any) -> np.ndarray:
+        """Rollout count per prompt for the next generation; Σ = len(prompt_ids) · n̄ exactly."""
+        ids = check_prompt_ids(prompt_ids, num_prompts=self.binner.num_prompts, what="batch prompt ids")
+        groups = self.binner.groups_of(ids)
+        if self.config.rollout.enable:
+            counts = self.rollout.allocate(groups, self.binner.accuracy_of(ids))
+        else:
+            counts = np.full(len(ids), self.config.rollout.n_mean, dtype=np.int64)
+        return counts
+
+    def observe(
+        self,
+        response_prompt_ids: Any,
+        response_correct: Any,
+        response_abs_advantage: Optional[Any] = None,
+    ) -> np.ndarray:
+        """Record one step's outcomes; return the per-response advantage multipliers.
+
+        Args:
+            response_prompt_ids: the prompt id of each response (padding rows excluded).
+            response_correct: verl's boolean ``acc`` per response, or a reward where > 0 is
+                correct; NaN/inf count as incorrect and are reported in the metrics.
+            response_abs_advantage: |A| per response (needed by ``loss_signal=mean_abs_advantage``).
+        """
+        pid = np.asarray(response_prompt_ids, dtype=np.int64)
+        ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
+        check_prompt_ids(ids, num_prompts=self.binner.num_prompts, what="response prompt ids")
+        groups = self.binner.groups_of(ids)  # bins before this visit = the bins it was scheduled in
+
+        mean_abs_adv = None
+        if response_abs_advantage is not None:
+            abs_adv = np.abs(np.asarray(response_abs_advantage, dtype=np.float64))
+            mean_abs_adv = np.bincount(inverse, weights=abs_adv, minlength=len(ids)) / rollouts
+
+        cfg = self.config
+        if cfg.prompt.enable:
+            losses = prompt_loss(cfg.prompt.loss_signal, correct, rollouts, mean_abs_adv)
+            self.prompt.update(groups, losses)
+            scale = None
+            if cfg.rollout.enable and cfg.prompt.rollout_coupling == "divide_by_allocation":
+                scale = cfg.rollout.n_mean / rollouts[inverse]
+            multipliers = self.prompt.response_multipliers(groups[inverse], scale)
+        else:
+            multipliers = np.ones(len(pid))
+        if cfg.rollout.enable:
+            self.rollout.observe(groups, correct, rollouts)
+        update = self.binner.update(ids, correct, rollouts, num_nonfinite=nonfinite)
+
+        self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update)
+        self.step += 1
+        return multipliers
+
+    # ------------------------------------------------------------------ metrics
+    def _step_metrics(self, groups, correct, rollouts, multipliers, response_groups, update) -> dict[str, float]:
+        G = self.num_groups
+        n_prompts = max(len(groups), 1)
+        prompt_count = np.bincount(groups, minlength=G)
+        rollout_count = np.bincount(groups, weights=rollouts, minlength=G)
+        correct_count = np.bincount(groups, weights=correct, minlength=G)
+        weight_sum = np.bincount(response_groups, weights=multipliers, minlength=G)
+        probs = self.prompt.group_probabilities()
+        m: dict[str, float] = {}
+        for b, name in enumerate(self.group_names()):
+            m[f"gdro/{name}/data_share"] = prompt_count[b] / n_prompts
+            m[f"gdro/{name}/compute_share"] = rollout_count[b] / max(rollout_count.sum(), 1.0)
+            m[f"gdro/{name}/adversary_weight"] = float(probs[b] * G) if self.config.prompt.enable else 1.0
+            m[f"gdro/{name}/variance"] = float(self.rollout.variance[b])
+            if prompt_count[b]:
+                m[f"gdro/{name}/accuracy"] = correct_count[b] / rollout_count[b]
+                m[f"gdro/{name}/rollouts_per_prompt"] = rollout_count[b] / prompt_count[b]
+                m[f"gdro/{name}/advantage_multiplier"] = weight_sum[b] / rollout_count[b]
+        last = self.rollout.last
+        if self.config.rollout.enable and last:
+            m["gdro/mu"] = self.rollout.mu
+            m["gdro/budget_gap"] = last["proposal_mean"] - self.config.rollout.n_mean
+            m["gdro/se_proxy"] = last["se_proxy"]
+            m["gdro/se_proxy_uniform"] = last["se_proxy_uniform"]
+            m["gdro/se_proxy_reduction"] = 1.0 - last["se_proxy"] / last["se_proxy_uniform"]
+        m["gdro/rollouts_per_prompt"] = float(rollouts.mean()) if len(rollouts) else 0.0
+        m["gdro/multiplier_max"] = float(multipliers.max()) if len(multipliers) else 1.0
+        m["gdro/multiplier_min"] = float(multipliers.min()) if len(multipliers) else 1.0
+        has_unseen_group = self.num_groups > self.binner.num_bins
+        m["gdro/binner/unseen_in_batch"] = float(prompt_count[self.binner.unseen_group]) if has_unseen_group else float("nan")
+        m["gdro/binner/nonfinite_rewards"] = float(update.num_nonfinite)
+        m["gdro/binner/nonfinite_rewards_total"] = float(self.binner.total_nonfinite)
+        m["gdro/binner/moved"] = float(update.num_moved)
+        m["gdro/binner/seen_fraction"] = self.binner.seen_fraction()
+        return {k: float(v) for k, v in m.items()}
+
+    def metrics(self) -> dict[str, float]:
+        """Metrics of the last observed step (empty before the first)."""
+        return dict(self._metrics)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "config": gdro_config_to_dict(self.config),
+            "step": self.step,
+            "binner": self.binner.state_dict(),
+            "prompt": self.prompt.state_dict(),
+            "rollout": self.rollout.state_dict(),
+            "metrics": dict(self._metrics),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"GDRO state version {state.get('version')!r} is not {STATE_VERSION}")
+        self.binner.load_state_dict(state["binner"])
+        self.prompt.load_state_dict(state["prompt"])
+        self.rollout.load_state_dict(state["rollout"])
+        self.step = int(state["step"])
+        self._metrics = dict(state["metrics"])
+
+    def save(self, path: str) -> None:
+        """Write the state atomically: a temporary file in the same folder, then a rename."""
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gdro_state.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(self.state_dict(), f, protocol=pickle.HIGHEST_PROTOCOL)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def load(self, path: str) -> None:
+        with open(path, "rb") as f:
+            self.load_state_dict(pickle.load(f))
