@@ -28,8 +28,8 @@ Allocators (same interface, chosen by ``rollout.allocator``):
   exact-budget dynamic programme picks one arm per bin maximising Σ_b |B_b| (log π_b(n) + G_b(n))
   with Gumbel noise G (so, unconstrained, each bin samples its arm from π_b). Fixed relative to
   the released code: EMA not cumulative scores; lower Lagrangian loss is better (the released
-  update rewarded higher loss); μ moves on the gap between the bins' unconstrained choices and
-  the budget; the allocation is keyed by each prompt's own group, not by batch position.
+  update rewarded higher loss); μ moves on the gap between the mean count the bins' own
+  distributions ask for (Σ_b |B_b| E_π_b[n] / B) and n̄; the allocation is keyed by each prompt's own group, not by batch position.
 * ``knapsack``: Knapsack-RL's value (1 - p^N - (1 - p)^N) · p (1 - p)² per prompt
   (arXiv 2509.25849), filled greedily by marginal value from n_min.
 * ``uniform``: n_i = n̄.
