@@ -89,8 +89,8 @@ def repair_to_budget(n: np.ndarray, v: np.ndarray, budget: int, n_min: int, n_ma
         # Removing a rollout from k costs v/(k(k-1)); pick the |gap| cheapest (k = n_i, n_i - 1, ...).
         steps = np.arange(0, n_max)
         k = n[:, None] - steps[None, :]
-        cost = v[:, None] / (k * (k - 1.0)) - _TIE_BREAK * k
-        cost = np.where(k <= n_min, np.inf, cost)
+        safe_k = np.maximum(k, 2)  # rows past n_min are masked below; avoid 0-division there
+        cost = np.where(k <= n_min, np.inf, v[:, None] / (safe_k * (safe_k - 1.0)) - _TIE_BREAK * k)
         n = n - _top_k_increments(-cost, -gap)
     return n
 

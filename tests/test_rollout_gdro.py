@@ -1,0 +1,140 @@
+"""Rollout-GDRO: exact budget, bounds, the square-root law and the shadow price."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_ext import GDROController, RolloutGDRO, RolloutGDROConfig, gdro_config_from_dict, repair_to_budget
+
+ALLOCATORS = ["sqrt", "bandit", "knapsack", "uniform"]
+
+
+def _check_allocation(n, batch, cfg):
+    assert n.dtype.kind == "i"
+    assert n.sum() == batch * cfg.n_mean
+    assert n.min() >= cfg.n_min >= 2
+    assert n.max() <= cfg.n_max
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    allocator=st.sampled_from(ALLOCATORS),
+    batch=st.integers(1, 80),
+    n_min=st.integers(2, 4),
+    extra_mean=st.integers(0, 4),
+    extra_max=st.integers(0, 10),
+    outcome=st.sampled_from(["random", "unseen", "solved", "unsolvable"]),
+    seed=st.integers(0, 2**16),
+)
+def test_exact_budget_and_bounds_over_random_batches(allocator, batch, n_min, extra_mean, extra_max, outcome, seed):
+    n_mean = n_min + extra_mean
+    cfg = gdro_config_from_dict(
+        {"rollout": {"enable": True, "allocator": allocator, "n_min": n_min, "n_mean": n_mean, "n_max": n_mean + extra_max, "seed": seed}}
+    )
+    num_prompts = 3 * batch
+    ctl = GDROController(cfg, num_prompts)
+    rng = np.random.default_rng(seed)
+    p_true = {"random": rng.random(num_prompts), "solved": np.ones(num_prompts), "unsolvable": np.zeros(num_prompts)}.get(outcome)
+    for _ in range(4):
+        ids = rng.choice(num_prompts, batch, replace=False)
+        n = ctl.schedule(ids)
+        _check_allocation(n, batch, cfg.rollout)
+        if outcome == "unseen":
+            continue  # every batch stays all-unseen: nothing is ever observed
+        rp = np.repeat(ids, n)
+        ctl.observe(rp, rng.random(len(rp)) < p_true[rp])
+
+
+def test_sqrt_law_matches_square_root_of_variance():
+    """With known v_b and no bound binding, per-bin counts follow n_b ∝ √v_b within rounding."""
+    cfg = RolloutGDROConfig(enable=True, allocator="sqrt", n_mean=8, n_min=2, n_max=64)
+    ctl = RolloutGDRO(cfg, num_groups=3)
+    ctl.variance[:] = [0.01, 0.04, 0.16]  # √v = 0.1 : 0.2 : 0.4
+    groups = np.repeat([0, 1, 2], 100)
+    n = ctl.allocate(groups)
+    assert n.sum() == 300 * 8
+    means = np.array([n[groups == b].mean() for b in range(3)])
+    # Continuous optimum: n_b = n̄ √v_b / mean_j √v_j = 8 · (0.1, 0.2, 0.4) / (0.7/3).
+    expected = 8 * np.array([0.1, 0.2, 0.4]) / (0.7 / 3)
+    np.testing.assert_allclose(means, expected, atol=0.51)
+    assert ctl.last["se_proxy"] < ctl.last["se_proxy_uniform"]
+
+
+def test_mu_moves_with_the_budget_gap():
+    cfg = RolloutGDROConfig(enable=True, allocator="sqrt", n_mean=4, n_min=2, n_max=12, mu_init=1e-3)
+    ctl = RolloutGDRO(cfg, num_groups=2)
+    ctl.variance[:] = [0.2, 0.2]
+    groups = np.array([0, 1] * 16)
+    mu0 = ctl.mu  # √(0.2/0.001) ≈ 14 → clipped at 12: proposal mean above n̄ → price must rise
+    ctl.allocate(groups)
+    assert ctl.mu > mu0
+    cfg2 = RolloutGDROConfig(enable=True, allocator="sqrt", n_mean=4, n_min=2, n_max=12, mu_init=1.0)
+    ctl2 = RolloutGDRO(cfg2, num_groups=2)
+    ctl2.variance[:] = [0.2, 0.2]
+    mu0 = ctl2.mu  # √0.2 ≈ 0.45 → clipped at 2: proposal below n̄ → price must fall
+    ctl2.allocate(groups)
+    assert ctl2.mu < mu0
+    # and it converges towards the clearing price √(v/μ) = n̄ → μ = v / n̄² = 0.0125
+    for _ in range(400):
+        ctl.allocate(groups)
+    assert ctl.mu == pytest.approx(0.2 / 16, rel=0.05)
+
+
+def test_first_batch_clears_the_budget_without_repair():
+    cfg = RolloutGDROConfig(enable=True, allocator="sqrt", n_mean=4, n_min=2, n_max=12)
+    ctl = RolloutGDRO(cfg, num_groups=4)
+    ctl.variance[:] = [0.05, 0.1, 0.2, 0.25]
+    ctl.allocate(np.repeat(np.arange(4), 25))
+    assert abs(ctl.last["proposal_mean"] - 4) < 1e-6
+
+
+def test_repair_moves_cheapest_rollouts():
+    v = np.array([0.25, 0.01])
+    # Too many: the low-variance prompt gives up its rollouts first.
+    n = repair_to_budget(np.array([6, 6]), v, budget=8, n_min=2, n_max=12)
+    assert n.tolist() == [6, 2]
+    # Too few: the high-variance prompt receives them.
+    n = repair_to_budget(np.array([2, 2]), v, budget=10, n_min=2, n_max=12)
+    assert n.tolist() == [8, 2]
+
+
+def test_bandit_prefers_arms_with_low_lagrangian_loss():
+    """Fixed sign: with a positive price, a bin whose variance is ~0 should learn small arms."""
+    cfg = RolloutGDROConfig(enable=True, allocator="bandit", n_mean=4, n_min=2, n_max=8, mu_init=0.02, seed=1)
+    ctl = RolloutGDRO(cfg, num_groups=2)
+    groups = np.array([0] * 20 + [1] * 20)
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = ctl.allocate(groups)
+        assert n.sum() == 160
+        correct = np.where(groups == 0, n, rng.binomial(n, 0.5))  # bin 0: always solved, v = 0
+        ctl.observe(groups, correct, n)
+    probs = ctl.arm_probabilities()
+    assert probs[0] @ ctl.arms < probs[1] @ ctl.arms
+    assert n[groups == 0].mean() < n[groups == 1].mean()
+
+
+def test_knapsack_favours_uncertain_prompts_and_ignores_solved():
+    cfg = RolloutGDROConfig(enable=True, allocator="knapsack", n_mean=4, n_min=2, n_max=12)
+    ctl = RolloutGDRO(cfg, num_groups=1)
+    acc = np.array([0.0, 1.0, 0.3, 0.3])
+    n = ctl.allocate(np.zeros(4, dtype=np.int64), acc)
+    assert n.sum() == 16
+    assert n[0] == n[1] == 2
+    assert n[2] == n[3] == 6
+
+
+def test_se_proxy_reduction_on_heterogeneous_bins():
+    cfg = gdro_config_from_dict({"rollout": {"enable": True}})
+    ctl = GDROController(cfg, 2000)
+    rng = np.random.default_rng(0)
+    p_true = np.where(np.arange(2000) < 1000, 0.98, 0.5)  # an easy half and a hard half
+    for _ in range(40):
+        ids = rng.choice(2000, 128, replace=False)
+        n = ctl.schedule(ids)
+        rp = np.repeat(ids, n)
+        ctl.observe(rp, rng.random(len(rp)) < p_true[rp])
+    m = ctl.metrics()
+    assert m["gdro/se_proxy_reduction"] > 0.05
+    assert np.isfinite(m["gdro/mu"])
