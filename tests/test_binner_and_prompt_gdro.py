@@ -133,6 +133,11 @@ def test_debiasing_lifts_rare_hard_bin_over_common_one():
     # The per-response multiplier of the rare bin exceeds 1 (more than its uniform share).
     mult = pg.response_multipliers(groups)
     assert mult[groups == 0].mean() > 1 > mult[groups == 1].mean()
+    # At equal mean loss the undebiased scores would tie; ℓ̄/q̂ lifts the rare bin.
+    even = PromptGDRO(PromptGDROConfig(enable=True), num_groups=2)
+    for _ in range(10):
+        q = even.update(groups, np.full(100, 0.2))
+    assert q[0] > 2 * q[1]
 
 
 def test_weights_finite_under_extreme_and_nan_inputs():
