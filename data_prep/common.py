@@ -184,7 +184,9 @@ def coerce_answer(value: Any, column: str, *, allow_list: bool = False) -> str:
         parts = []
         for item in value:
             if not isinstance(item, str):
-                raise RowProblem(column, f"wrong type: expected a list of strings, got an item of type {type(item).__name__}")
+                raise RowProblem(
+                    column, f"wrong type: expected a list of strings, got an item of type {type(item).__name__}"
+                )
             if _strip_math_delimiters(item):
                 parts.append(_strip_math_delimiters(item))
         if not parts:
@@ -239,15 +241,21 @@ def read_local(path: str | os.PathLike) -> Source:
         raise DataPrepError(f"input file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        pf = pq.ParquetFile(path)
+        try:
+            pf = pq.ParquetFile(path)
+        except pa.ArrowException as e:
+            raise DataPrepError(f"{path}: not a readable parquet file: {e}") from e
         columns = list(pf.schema_arrow.names)
 
         def parquet_records() -> Iterator[Record]:
             row = 0
-            for batch in pf.iter_batches(batch_size=8192):
-                for data in batch.to_pylist():
-                    yield Record(row, data, _record_where(row))
-                    row += 1
+            try:
+                for batch in pf.iter_batches(batch_size=8192):
+                    for data in batch.to_pylist():
+                        yield Record(row, data, _record_where(row))
+                        row += 1
+            except pa.ArrowException as e:
+                raise DataPrepError(f"{path}: parquet read failed after {row} rows: {e}") from e
 
         return Source(str(path), columns, parquet_records())
     if suffix in (".jsonl", ".json"):

@@ -42,10 +42,10 @@ from data_prep.common import (  # noqa: E402
     Summary,
     build_records,
     check_row_object,
+    coerce_answer,
     contains_cjk,
     get_column,
     hub_source,
-    coerce_answer,
     read_local,
     require_columns,
     require_text,
@@ -158,8 +158,8 @@ def convert(
             problem = strip_instructions(problem)
             if not problem:
                 raise RowProblem("prompt", "empty prompt (only an instruction)")
-        except RowProblem as problem_:
-            log.report(rec, problem_)
+        except RowProblem as issue:
+            log.report(rec, issue)
             continue
         if language == "en" and contains_cjk(problem):
             summary.filtered += 1
@@ -179,12 +179,21 @@ def load_hub(dataset: str, config: str | None, split: str) -> Source:
     """Load a DAPO split from the Hugging Face hub through the ``datasets`` library."""
     import datasets  # imported here: only the hub path needs it
 
-    ds = datasets.load_dataset(dataset, config, split=split) if config else datasets.load_dataset(dataset, split=split)
+    try:
+        args = (dataset, config) if config else (dataset,)
+        ds = datasets.load_dataset(*args, split=split)
+    except Exception as e:  # network, auth, missing config: one clear message instead of a traceback
+        raise DataPrepError(
+            f"could not load {dataset} (config {config}, split {split}) from the hub: {e}; "
+            "without hub access, pass a local copy with --input"
+        ) from e
     return hub_source(f"{dataset}{':' + config if config else ''}[{split}]", ds)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--local_dir", required=True, help="output folder; train.parquet is written there")
     p.add_argument("--input", help="local .parquet/.jsonl/.json in either DAPO schema (no hub access needed)")
     p.add_argument(
@@ -192,7 +201,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"hub dataset id (default {HUB_DATASET}; the raw one is {RAW_HUB_DATASET}); with --input, only the "
         "name recorded in extra_info.dataset (default: the hub id of the detected schema)",
     )
-    p.add_argument("--config", default=None, help=f"hub config (default {HUB_CONFIG!r} for {HUB_DATASET}, none otherwise)")
+    p.add_argument(
+        "--config", default=None, help=f"hub config (default {HUB_CONFIG!r} for {HUB_DATASET}, none otherwise)"
+    )
     p.add_argument("--split", default="train")
     p.add_argument("--schema", choices=["auto", "processed", "raw"], default="auto")
     p.add_argument(
@@ -228,6 +239,9 @@ def main(argv=None) -> int:
         write_parquet_atomic(to_table(records, metadata), out)
     except DataPrepError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # unreadable input, disk full, ...: any earlier output file is left intact
+        print(f"error: {e} (no partial output left behind)", file=sys.stderr)
         return 1
     print(summary.line())
     print(f"wrote {out}")
