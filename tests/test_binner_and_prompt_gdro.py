@@ -192,3 +192,17 @@ def test_joint_coupling_divides_by_allocation():
     # Two prompts in the same (unseen) group, 2 and 6 rollouts: per-response weight ∝ 4/n.
     mult = ctl.observe([0, 0, 1, 1, 1, 1, 1, 1], [1, 0, 1, 0, 1, 0, 1, 0])
     assert mult[0] / mult[2] == pytest.approx(3.0)
+
+
+def test_adversary_weight_metric_is_relative_to_groups_in_batch():
+    ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 100)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        ids = rng.choice(100, 16, replace=False)
+        ctl.observe(np.repeat(ids, 4), rng.random(64) < 0.5)
+    m = ctl.metrics()
+    present = [k for k in m if k.endswith("/adversary_weight")]
+    shares = [m[k.replace("adversary_weight", "data_share")] for k in present]
+    assert all(s > 0 for s in shares)
+    assert np.mean([m[k] for k in present]) == pytest.approx(1.0)
+    assert sum(m[k] for k in m if k.endswith("/adversary_prob")) == pytest.approx(1.0)

@@ -161,13 +161,15 @@ class RolloutGDROConfig:
             reward as advantage in verl).
         n_max: largest count for any prompt (appendix: 12 = 3 n̄).
         mu_lr: α_μ, the dual-ascent step on the shadow price, taken in log space:
-            log μ ← log μ + α_μ (n̂ - n̄)/n̄, with n̂ the mean of the unrepaired proposal.
+            log μ ← log μ + α_μ (n̂ - n̄), with n̂ the mean of the unrepaired proposal; log μ is
+            projected onto the range where it still changes the allocation.
         mu_init: initial μ; ``None`` clears the first batch's budget exactly.
         variance_beta: EMA rate of each bin's within-group reward variance v_b.
-        variance_prior: v_b for a bin never observed (Bernoulli maximum 0.25).
+        variance_prior: v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first
+            observation replaces it.
         variance_floor: lower bound on v_b, so a solved bin still has a finite price.
-        bandit_eta / bandit_gamma / bandit_beta: EXP3P learning rate, exploration and EMA rate of
-            the ``bandit`` allocator's per-(bin, arm) scores.
+        bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
+            bin), exploration and EMA rate of the ``bandit`` allocator's per-(bin, arm) scores.
         seed: RNG seed (the bandit's exploration; ties).
     """
 
@@ -181,7 +183,7 @@ class RolloutGDROConfig:
     variance_beta: float = 0.1
     variance_prior: float = 0.25
     variance_floor: float = 1e-3
-    bandit_eta: float = 0.65
+    bandit_eta: float = 5.0
     bandit_gamma: float = 0.05
     bandit_beta: float = 0.12
     seed: int = 0

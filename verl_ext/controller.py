@@ -114,11 +114,18 @@ class GDROController:
         correct_count = np.bincount(groups, weights=correct, minlength=G)
         weight_sum = np.bincount(response_groups, weights=multipliers, minlength=G)
         probs = self.prompt.group_probabilities()
+        # q(b) relative to the mean q of the groups in this batch (1 = average weight). Raw q is
+        # normalised over all groups, including ones that hold no prompt any more (e.g. `unseen`
+        # after the first epoch keeps its last score), which would distort a per-batch view.
+        in_batch = prompt_count > 0
+        relative = probs / probs[in_batch].mean() if in_batch.any() else np.ones(G)
         m: dict[str, float] = {}
         for b, name in enumerate(self.group_names()):
             m[f"gdro/{name}/data_share"] = prompt_count[b] / n_prompts
             m[f"gdro/{name}/compute_share"] = rollout_count[b] / max(rollout_count.sum(), 1.0)
-            m[f"gdro/{name}/adversary_weight"] = float(probs[b] * G) if self.config.prompt.enable else 1.0
+            m[f"gdro/{name}/adversary_prob"] = float(probs[b]) if self.config.prompt.enable else 1.0 / G
+            if in_batch[b]:
+                m[f"gdro/{name}/adversary_weight"] = float(relative[b]) if self.config.prompt.enable else 1.0
             m[f"gdro/{name}/variance"] = float(self.rollout.variance[b])
             if prompt_count[b]:
                 m[f"gdro/{name}/accuracy"] = correct_count[b] / rollout_count[b]

@@ -23,13 +23,18 @@ a bin never observed has ``variance_prior``.
 Allocators (same interface, chosen by ``rollout.allocator``):
 
 * ``sqrt``: n_i = clip(√(v_{b_i} / μ), n_min, n_max), rounded, then repaired to the exact total.
-* ``bandit``: the paper's per-bin EXP3P over arms n ∈ {n_min..n_max}. Each (bin, arm) keeps an
-  EMA of the importance-weighted Lagrangian loss (v̂_b / n + μ n), normalised; every step an
-  exact-budget dynamic programme picks one arm per bin maximising Σ_b |B_b| (log π_b(n) + G_b(n))
-  with Gumbel noise G (so, unconstrained, each bin samples its arm from π_b). Fixed relative to
-  the released code: EMA not cumulative scores; lower Lagrangian loss is better (the released
-  update rewarded higher loss); μ moves on the gap between the mean count the bins' own
-  distributions ask for (Σ_b |B_b| E_π_b[n] / B) and n̄; the allocation is keyed by each prompt's own group, not by batch position.
+* ``bandit``: the paper's per-bin exponential-weights bandit over arms n ∈ {n_min..n_max}. Each
+  (bin, arm) keeps an EMA score of the Lagrangian loss L_b(n) = v̂_b / n + μ n, rescaled per bin
+  to [0, 1] over the arms; π_b(n) = (1-γ) softmax(-η S_b)(n) + γ/#arms. Every step an exact-budget
+  dynamic programme picks one arm per bin maximising Σ_b |B_b| (log π_b(n) + G_b(n)) with Gumbel
+  noise G (so, without the budget, each bin would sample its arm from π_b). Fixed relative to the
+  released code: EMA, not cumulative, scores; lower Lagrangian loss is better (the released update
+  rewarded higher loss); μ moves on the gap between the bins' preferred arms (argmin S_b, weighted
+  by |B_b|) and n̄ (in the released code μ never moved); the allocation is keyed by each prompt's
+  own group, not by batch position. Once v̂_b is observed the loss of *every* arm is known, so all
+  arms are updated (full information, as in Hedge): with importance-weighted pulled-arm updates the
+  arms the budget never affords keep their initial score, look best forever, and drive μ to
+  overflow (found by the simulator).
 * ``knapsack``: Knapsack-RL's value (1 - p^N - (1 - p)^N) · p (1 - p)² per prompt
   (arXiv 2509.25849), filled greedily by marginal value from n_min.
 * ``uniform``: n_i = n̄.
@@ -105,7 +110,7 @@ class RolloutGDRO:
         self.observed = np.zeros(self.num_groups, dtype=bool)
         self.log_mu = np.nan if config.mu_init is None else float(np.log(config.mu_init))
         self.arms = np.arange(config.n_min, config.n_max + 1)
-        self.arm_scores = np.zeros((self.num_groups, len(self.arms)))  # EMA importance-weighted loss
+        self.arm_scores = np.zeros((self.num_groups, len(self.arms)))  # EMA of the rescaled Lagrangian loss
         self.arm_choice = np.full(self.num_groups, -1, dtype=np.int64)  # arm index used last step
         self.rng = np.random.default_rng(config.seed)
         self.last: dict[str, Any] = {}
@@ -130,8 +135,15 @@ class RolloutGDRO:
             lo, hi = (mid, hi) if total > budget else (lo, mid)
         return 0.5 * (lo + hi)
 
+    def _log_mu_bounds(self) -> tuple[float, float]:
+        """μ below the lower bound puts every prompt at n_max, above the upper bound at n_min."""
+        c = self.config
+        return np.log(c.variance_floor / c.n_max**2) - 1.0, np.log(c.variance_prior / c.n_min**2) + 1.0
+
     def _dual_step(self, proposal_mean: float) -> None:
-        self.log_mu += self.config.mu_lr * (proposal_mean - self.config.n_mean)
+        # Projected dual ascent: outside the bounds μ no longer changes any allocation.
+        lo, hi = self._log_mu_bounds()
+        self.log_mu = float(np.clip(self.log_mu + self.config.mu_lr * (proposal_mean - self.config.n_mean), lo, hi))
 
     # ------------------------------------------------------------------ allocators
     def _allocate_sqrt(self, groups: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
@@ -142,9 +154,9 @@ class RolloutGDRO:
         return np.rint(proposal).astype(np.int64), float(proposal.mean())
 
     def arm_probabilities(self) -> np.ndarray:
-        """π_b(n) per bin: (1-γ) softmax(-η · clipped loss score) + γ / #arms."""
+        """π_b(n) per bin: (1-γ) softmax(-η S_b) + γ / #arms (S_b in [0, 1])."""
         c = self.config
-        logits = -c.bandit_eta * np.clip(self.arm_scores, -10.0, 10.0)
+        logits = -c.bandit_eta * self.arm_scores
         w = np.exp(logits - logits.max(axis=1, keepdims=True))
         return (1.0 - c.bandit_gamma) * w / w.sum(axis=1, keepdims=True) + c.bandit_gamma / len(self.arms)
 
@@ -176,8 +188,8 @@ class RolloutGDRO:
             t -= int(counts[j] * self.arms[a])
         self.arm_choice = np.full(self.num_groups, -1, dtype=np.int64)
         self.arm_choice[present] = arm_of[present]
-        # Budget pressure: the mean count the bins' own distributions ask for, without the budget.
-        wanted = self.arm_probabilities()[present] @ self.arms
+        # Budget pressure: the mean of the arms the bins prefer, without the budget.
+        wanted = self.arms[np.argmin(self.arm_scores[present], axis=1)]
         return self.arms[arm_of[groups]], float((counts * wanted).sum() / counts.sum())
 
     def _allocate_knapsack(self, accuracy: np.ndarray, budget: int) -> np.ndarray:
@@ -238,18 +250,19 @@ class RolloutGDRO:
         count = np.bincount(g, minlength=self.num_groups)
         present = count > 0
         v_hat = np.bincount(g, weights=s2, minlength=self.num_groups)[present] / count[present]
-        self.variance[present] = (1.0 - c.variance_beta) * self.variance[present] + c.variance_beta * v_hat
+        # A bin's first observation replaces the prior; later ones are averaged in (EMA).
+        seen_before = self.observed[present]
+        ema = (1.0 - c.variance_beta) * self.variance[present] + c.variance_beta * v_hat
+        self.variance[present] = np.where(seen_before, ema, v_hat)
         self.observed |= present
         if c.allocator == "bandit" and np.isfinite(self.log_mu):
-            pulled = np.flatnonzero(present & (self.arm_choice >= 0))
-            if len(pulled):
-                arm = self.arm_choice[pulled]
-                n_arm = self.arms[arm].astype(np.float64)
-                v_obs = np.maximum(np.bincount(g, weights=s2, minlength=self.num_groups)[pulled] / count[pulled], c.variance_floor)
-                scale = c.variance_prior / c.n_min + self.mu * c.n_max  # keeps the loss in [0, ~1]
-                loss = (v_obs / n_arm + self.mu * n_arm) / scale
-                prob = self.arm_probabilities()[pulled, arm]
-                self.arm_scores[pulled, arm] = (1 - c.bandit_beta) * self.arm_scores[pulled, arm] + c.bandit_beta * loss / prob
+            # Full-information update of every arm of every bin present (see the module docstring).
+            v_obs = np.maximum(v_hat, c.variance_floor)[:, None]
+            n_arm = self.arms[None, :].astype(np.float64)
+            loss = v_obs / n_arm + self.mu * n_arm
+            span = loss.max(axis=1, keepdims=True) - loss.min(axis=1, keepdims=True)
+            scaled = (loss - loss.min(axis=1, keepdims=True)) / np.maximum(span, 1e-300)
+            self.arm_scores[present] = (1 - c.bandit_beta) * self.arm_scores[present] + c.bandit_beta * scaled
         self.steps += 1
 
     # ------------------------------------------------------------------ checkpoint
