@@ -1,0 +1,492 @@
+"""Start-up checks of the GDRO recipe: everything that can be refused before Ray or a GPU starts.
+
+Each check raises :class:`GDRORecipeError` (or verl_ext's :class:`GDROConfigError` /
+:class:`PromptIdError`) with a message naming the config key or data row at fault. The module
+imports only omegaconf, numpy, pyarrow and verl_ext at import time; verl itself is imported inside
+:func:`validate_verl_config` and :func:`probe_reward_acc` only.
+
+The checks, in the order :func:`prepare` runs them:
+
+1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
+   values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``;
+2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
+3. the rollout budget against batch / mini-batch / data-parallel sizes (:func:`check_budget`);
+4. the training data's prompt ids: ``extra_info.index`` present, integer, unique
+   (:func:`check_train_prompt_ids`);
+5. the reward reports ``acc`` (:func:`probe_reward_acc`);
+6. verl's own validation (``validate_config``, dataclass conversion of ``algorithm`` and
+   ``actor_rollout_ref.rollout``, trainer class, advantage estimator, reward manager).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
+
+GDRO_STATE_FILE = "gdro_state.pkl"
+SUPPORTED_TRAINER_MODE = "sync"
+
+
+class GDRORecipeError(ValueError):
+    """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
+
+
+# --------------------------------------------------------------------------------------- gdro section
+def build_gdro_config(config: DictConfig) -> GDROConfig:
+    """The validated :class:`GDROConfig` of a composed recipe config.
+
+    Raises :class:`GDROConfigError` for unknown keys / wrong types / impossible values, and
+    :class:`GDRORecipeError` when ``gdro.rollout.n_mean`` differs from ``actor_rollout_ref.rollout.n``.
+    """
+    if "gdro" not in config:
+        raise GDRORecipeError(
+            "the config has no `gdro` section; launch with `python -m recipe.gdro.main_gdro` "
+            "(config recipe/gdro/config/gdro_trainer.yaml), not verl's main_ppo"
+        )
+    section = OmegaConf.to_container(config.gdro, resolve=True)
+    gdro = gdro_config_from_dict(section)
+    n = config.actor_rollout_ref.rollout.n
+    if gdro.rollout.n_mean != n:
+        raise GDRORecipeError(
+            f"gdro.rollout.n_mean={gdro.rollout.n_mean} differs from actor_rollout_ref.rollout.n={n}: "
+            "rollout.n is the mean rollout budget n̄ per prompt. Set actor_rollout_ref.rollout.n and leave "
+            "gdro.rollout.n_mean at its default (${actor_rollout_ref.rollout.n})"
+        )
+    return gdro
+
+
+# --------------------------------------------------------------------------------------- modes
+def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
+    """Refuse verl modes that would combine with GDRO into wrong statistics.
+
+    * ``trainer.use_v1=false`` (legacy RayPPOTrainer): the recipe drives the v1 trainer only.
+    * ``trainer.v1.trainer_mode`` other than ``sync``: the async trainers train on groups generated
+      under older weights and schedules, and refill evicted prompts one at a time, so a step's
+      rollout counts neither come from one schedule nor sum to B·n̄.
+    * ``algorithm.filter_groups.enable`` (DAPO dynamic sampling): evicts exactly the all-correct /
+      all-wrong groups the binner must see and refills with singly-scheduled prompts.
+    * ``trainer.v1.sampler.sync_refill_failed_groups`` with Rollout-GDRO: failed groups are
+      replaced by prompts scheduled outside the step's budget.
+    * ``algorithm.adv_estimator`` other than ``grpo``: Prompt-GDRO reweights GRPO advantages and
+      Rollout-GDRO relies on GRPO's per-uid groups of any size.
+    """
+    if not gdro.enabled:
+        return
+    if not config.trainer.get("use_v1", True):
+        raise GDRORecipeError(
+            "trainer.use_v1=false is not supported with GDRO: the recipe extends verl's v1 trainer "
+            "(the legacy RayPPOTrainer is deprecated in verl 0.9.1). Set trainer.use_v1=true"
+        )
+    mode = config.trainer.v1.trainer_mode
+    if mode != SUPPORTED_TRAINER_MODE:
+        raise GDRORecipeError(
+            f"trainer.v1.trainer_mode={mode!r} is not supported with GDRO enabled (gdro.prompt.enable / "
+            "gdro.rollout.enable): the asynchronous v1 trainers train on groups generated under earlier "
+            "schedules and refill evicted prompts one by one, so a step's rollout counts would not come from "
+            "one Rollout-GDRO schedule, would not sum to B·n̄, and the binner would see stale outcomes. "
+            "Use trainer.v1.trainer_mode=sync, or disable both adversaries"
+        )
+    filter_groups = config.algorithm.get("filter_groups", None)
+    if filter_groups is not None and filter_groups.get("enable", False):
+        raise GDRORecipeError(
+            "algorithm.filter_groups.enable=true (DAPO dynamic sampling) is not supported with GDRO enabled: "
+            "it evicts the all-correct and all-wrong groups, which are exactly the outcomes the difficulty "
+            "binner must record, and refills the batch with prompts scheduled one at a time outside the "
+            "step's rollout budget. Disable one of the two"
+        )
+    if gdro.rollout.enable and config.trainer.v1.sampler.get("sync_refill_failed_groups", False):
+        raise GDRORecipeError(
+            "trainer.v1.sampler.sync_refill_failed_groups=true is not supported with gdro.rollout.enable=true: "
+            "replacement prompts would be scheduled outside the step's budget (Σ n = B·n̄). Disable one of the two"
+        )
+    estimator = str(config.algorithm.adv_estimator)
+    if estimator != "grpo":
+        raise GDRORecipeError(
+            f"algorithm.adv_estimator={estimator!r} is not supported with GDRO enabled: Prompt-GDRO reweights "
+            "GRPO advantages and Rollout-GDRO relies on GRPO's per-prompt groups. Use algorithm.adv_estimator=grpo"
+        )
+
+
+# --------------------------------------------------------------------------------------- budget
+@dataclass
+class BudgetPlan:
+    train_batch_size: int
+    n_mean: int
+    rows_per_step: int  # Σ n(x) = B · n̄
+    mini_batch_prompts: int
+    mini_batch_rows: int
+    updates_per_step: int
+    n_gpus: int
+    dp_size: int
+    required_multiple: int  # what verl's _balance_batch pads the step's rows to
+    padding_rows: int
+    gen_batch_size: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _actor_dp_size(config: DictConfig, n_gpus: int) -> int:
+    actor = config.actor_rollout_ref.actor
+    if str(actor.get("strategy", "fsdp")) == "megatron" and "megatron" in actor:
+        m = actor.megatron
+        model_parallel = (
+            int(m.get("tensor_model_parallel_size", 1))
+            * int(m.get("pipeline_model_parallel_size", 1))
+            * int(m.get("context_parallel_size", 1))
+        )
+    else:
+        model_parallel = int(actor.get("ulysses_sequence_parallel_size", 1) or 1)
+    return max(n_gpus // max(model_parallel, 1), 1)
+
+
+def check_budget(config: DictConfig, gdro: GDROConfig) -> BudgetPlan:
+    """Check that a step's Σ n(x) = B · n̄ rows split into whole PPO mini-batches and DP shards.
+
+    verl's ``_balance_batch`` pads a step to a multiple of lcm(dp, ppo_mini_batch_size · rollout.n)
+    rows and ``update_actor`` cuts ``ppo_mini_batch_size · rollout.n`` rows per mini-batch whatever
+    the per-prompt counts. With Rollout-GDRO enabled a step that needs padding is refused.
+    """
+    B = int(config.data.train_batch_size)
+    n = int(config.actor_rollout_ref.rollout.n)
+    mini = int(config.actor_rollout_ref.actor.ppo_mini_batch_size)
+    n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    if B < 1:
+        raise GDRORecipeError(f"data.train_batch_size={B} must be >= 1")
+    if n < 1:
+        raise GDRORecipeError(f"actor_rollout_ref.rollout.n={n} must be >= 1")
+    if mini < 1:
+        raise GDRORecipeError(f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must be >= 1")
+    gen = config.data.get("gen_batch_size", None) or B
+    dp = _actor_dp_size(config, n_gpus)
+    rows = B * n
+    required = math.lcm(dp, mini * n)
+    padding = (-rows) % required
+    plan = BudgetPlan(
+        train_batch_size=B,
+        n_mean=n,
+        rows_per_step=rows,
+        mini_batch_prompts=mini,
+        mini_batch_rows=mini * n,
+        updates_per_step=max(rows // (mini * n), 1) * int(config.actor_rollout_ref.actor.get("ppo_epochs", 1)),
+        n_gpus=n_gpus,
+        dp_size=dp,
+        required_multiple=required,
+        padding_rows=padding,
+        gen_batch_size=int(gen),
+    )
+    if not gdro.enabled:
+        return plan
+    if B % int(gen) != 0:
+        raise GDRORecipeError(
+            f"data.gen_batch_size={gen} does not divide data.train_batch_size={B}: a step's prompts are "
+            "fetched in whole gen_batch_size chunks"
+        )
+    if gdro.rollout.enable:
+        if B % mini != 0:
+            raise GDRORecipeError(
+                f"Rollout-GDRO budget: data.train_batch_size={B} is not a multiple of "
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}: the step's Σ n = B·n̄ = {rows} rows do not "
+                f"split into whole PPO mini-batches of ppo_mini_batch_size·n̄ = {mini * n} rows, so verl would pad "
+                "the step with dummy rows"
+            )
+        if padding:
+            raise GDRORecipeError(
+                f"Rollout-GDRO budget: the step's Σ n = data.train_batch_size·rollout.n = {B}·{n} = {rows} rows is "
+                f"not a multiple of lcm(actor data-parallel size {dp}, ppo_mini_batch_size·n̄ = {mini * n}) = "
+                f"{required}; verl would pad {padding} dummy rows. Change data.train_batch_size, "
+                "actor_rollout_ref.actor.ppo_mini_batch_size or trainer.n_gpus_per_node"
+            )
+        if gdro.rollout.n_max > rows:
+            plan.notes.append(f"gdro.rollout.n_max={gdro.rollout.n_max} exceeds the step's whole budget {rows}")
+    elif padding:
+        plan.notes.append(
+            f"verl pads each step with {padding} dummy rows (B·n̄={rows} vs multiple {required}); GDRO skips them"
+        )
+    return plan
+
+
+# --------------------------------------------------------------------------------------- data
+def train_files(config: DictConfig) -> list[str]:
+    files = config.data.train_files
+    if isinstance(files, (list, tuple, ListConfig)):
+        return [str(f) for f in files]
+    return [str(files)]
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local_path(path: str) -> str:
+    return os.path.expanduser(path[len("file://") :] if path.startswith("file://") else path)
+
+
+def _read_table(path: str, columns: list[str]):
+    """A pyarrow Table with the requested columns that exist in the file (parquet / json / jsonl)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        names = set(pq.read_schema(path).names)
+        return pq.read_table(path, columns=[c for c in columns if c in names])
+    if path.endswith(".json") or path.endswith(".jsonl"):
+        import pandas as pd
+
+        frame = pd.read_json(path, lines=path.endswith(".jsonl"))
+        return pa.Table.from_pandas(frame[[c for c in columns if c in frame.columns]], preserve_index=False)
+    raise GDRORecipeError(f"data.train_files: unsupported file format {path!r} (parquet, json or jsonl)")
+
+
+def prompt_ids_of_table(table, what: str) -> np.ndarray:
+    """``extra_info.index`` of every row of a table, validated (missing / non-integer / duplicate)."""
+    if "extra_info" not in table.column_names:
+        raise PromptIdError(
+            f"{what}: no `extra_info` column; GDRO keys prompts by extra_info.index (a unique integer per "
+            "prompt, written by data_prep)"
+        )
+    column = table.column("extra_info").combine_chunks()
+    import pyarrow as pa
+
+    if pa.types.is_struct(column.type):
+        if column.type.get_field_index("index") < 0:
+            raise PromptIdError(f"{what}: extra_info has no `index` field; every prompt needs extra_info.index")
+        ids = column.field("index").to_pylist()
+        # A null struct means no extra_info at all in that row.
+        valid = column.is_valid().to_pylist()
+        ids = [i if ok else None for i, ok in zip(ids, valid)]
+    else:
+        ids = [(row or {}).get("index") if isinstance(row, dict) else None for row in column.to_pylist()]
+    return check_prompt_ids(ids, what=f"{what} extra_info.index")
+
+
+@dataclass
+class DataCheck:
+    num_prompts: Optional[int]  # max id + 1 over the checked files; None if nothing was checked
+    num_rows: int
+    checked: list[str]
+    not_checked: list[str]  # remote or missing files (checked again by the trainer at start-up)
+    data_sources: dict[str, dict]  # data_source -> one sample row (ground truth, extra_info) for the reward probe
+
+
+def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -> DataCheck:
+    """Validate ``extra_info.index`` of the training files: present, integer, unique across files.
+
+    ``num_prompts`` (the binner's capacity) is ``max id + 1``. Remote files (hdfs://...) and, unless
+    ``require_files``, missing local files are listed in ``not_checked``: the trainer checks the
+    loaded dataset again at start-up, before any worker is created.
+    """
+    checked, not_checked, all_ids = [], [], []
+    data_sources: dict[str, dict] = {}
+    for path in train_files(config):
+        local = _local_path(path)
+        if not _is_local(path) or not os.path.exists(local):
+            if require_files and _is_local(path):
+                raise GDRORecipeError(f"data.train_files: {path} does not exist")
+            not_checked.append(path)
+            continue
+        table = _read_table(local, ["extra_info", "data_source", "reward_model"])
+        ids = prompt_ids_of_table(table, what=f"train file {path}")
+        all_ids.append(ids)
+        checked.append(path)
+        if "data_source" in table.column_names:
+            sources = table.column("data_source").to_pylist()
+            first: dict[str, int] = {}
+            for row, src in enumerate(sources):
+                first.setdefault(str(src), row)
+            for src, row in first.items():
+                if src in data_sources:
+                    continue
+                sample = table.slice(row, 1).to_pylist()[0]
+                data_sources[src] = {"file": path, "row": row, **sample}
+    if not all_ids:
+        return DataCheck(None, 0, checked, not_checked, data_sources)
+    ids = np.concatenate(all_ids)
+    if len(checked) > 1:
+        check_prompt_ids(ids, what=f"train files {checked} (concatenated) extra_info.index")
+    num_prompts = int(ids.max()) + 1 if len(ids) else None
+    return DataCheck(num_prompts, len(ids), checked, not_checked, data_sources)
+
+
+# --------------------------------------------------------------------------------------- reward
+@dataclass
+class RewardProbe:
+    function: str
+    manager: str
+    results: dict[str, Any]  # data_source -> keys returned (or "float")
+    notes: list[str] = field(default_factory=list)
+
+
+FLOAT_ACC_MANAGERS = ("naive", "dapo")  # managers that store acc = score when compute_score returns a float
+
+
+def probe_reward_acc(config: DictConfig, data: DataCheck) -> RewardProbe:
+    """Call the configured ``compute_score`` once per training data_source and check it reports ``acc``.
+
+    verl's naive / dapo reward managers copy every key of a dict result into ``reward_extra_info``
+    (and set ``acc = score`` for a float result). GDRO's binner reads ``acc`` per response, so a
+    dict result without ``acc`` is refused here, before any GPU time.
+    """
+    reward = config.reward
+    manager = str(reward.reward_manager.get("name", "naive"))
+    custom = reward.get("custom_reward_function") or {}
+    if custom.get("path"):
+        from verl.trainer.ppo.reward import get_custom_reward_fn
+
+        try:
+            fn = get_custom_reward_fn(config)
+        except Exception as e:  # noqa: BLE001 - surface any load error with the key
+            raise GDRORecipeError(
+                f"reward.custom_reward_function.path={custom.get('path')!r} name={custom.get('name')!r} "
+                f"cannot be loaded: {type(e).__name__}: {e}"
+            ) from None
+        fn_name = f"{custom.get('path')}:{custom.get('name')}"
+    else:
+        from verl.utils.reward_score import default_compute_score as fn
+
+        fn_name = "verl.utils.reward_score.default_compute_score"
+    probe = RewardProbe(function=fn_name, manager=manager, results={})
+    if reward.get("reward_model", {}).get("enable", False) and not custom.get("path"):
+        probe.notes.append("reward.reward_model.enable=true: acc comes from the reward model; checked at the first step")
+        return probe
+    if manager not in FLOAT_ACC_MANAGERS:
+        probe.notes.append(f"reward manager {manager!r}: `acc` in reward_extra_info is checked at the first step")
+    if not data.data_sources:
+        probe.notes.append("no local training file: reward not probed (checked at the first step)")
+        return probe
+    for source, sample in data.data_sources.items():
+        rm = sample.get("reward_model") or {}
+        ground_truth = rm.get("ground_truth") if isinstance(rm, dict) else None
+        extra = sample.get("extra_info") if isinstance(sample.get("extra_info"), dict) else {}
+        solution = f"The answer is \\boxed{{{ground_truth}}}.\nAnswer: {ground_truth}"
+        try:
+            result = fn(data_source=source, solution_str=solution, ground_truth=ground_truth, extra_info=dict(extra))
+            if inspect.isawaitable(result):
+                result = asyncio.run(result)
+        except Exception as e:  # noqa: BLE001
+            raise GDRORecipeError(
+                f"reward probe: {fn_name} fails for data_source={source!r} (train file {sample['file']}, row "
+                f"{sample['row']}): {type(e).__name__}: {e}"
+            ) from None
+        if isinstance(result, dict):
+            if "acc" not in result:
+                raise GDRORecipeError(
+                    f"reward probe: {fn_name} returns keys {sorted(result)} for data_source={source!r} without "
+                    "'acc'; GDRO's difficulty binner needs a per-response correctness. Return "
+                    "{'score': ..., 'acc': bool} (verl's math_dapo does), or set reward.custom_reward_function.*"
+                )
+            probe.results[source] = sorted(result)
+        elif isinstance(result, (int, float, np.number)) and not isinstance(result, bool):
+            if manager in FLOAT_ACC_MANAGERS:
+                probe.results[source] = f"float (the {manager} manager stores acc = score; score > 0 counts as correct)"
+            else:
+                probe.results[source] = "float"
+        else:
+            raise GDRORecipeError(
+                f"reward probe: {fn_name} returns {type(result).__name__} for data_source={source!r}; expected a "
+                "dict with 'score' and 'acc', or a float"
+            )
+    return probe
+
+
+# --------------------------------------------------------------------------------------- verl
+def validate_verl_config(config: DictConfig) -> list[str]:
+    """verl's own start-up validation plus conversions that catch what ``validate_config`` lets through.
+
+    Never builds the model config (that would load from the hub), never starts Ray. Returns the
+    list of checks run.
+    """
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+    from verl.utils.device import auto_set_device
+
+    ran = []
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    ran.append("verl validate_config")
+    for key in ("algorithm", "actor_rollout_ref.rollout"):
+        try:
+            omega_conf_to_dataclass(OmegaConf.select(config, key))
+        except Exception as e:  # noqa: BLE001
+            raise GDRORecipeError(f"{key}: verl rejects it: {type(e).__name__}: {e}") from None
+        ran.append(f"{key} -> dataclass")
+
+    from verl.trainer.ppo import core_algos
+
+    estimator = str(config.algorithm.adv_estimator)
+    known = {e.value for e in core_algos.AdvantageEstimator}
+    if estimator not in known:
+        try:
+            core_algos.get_adv_estimator_fn(estimator)
+        except Exception as e:  # noqa: BLE001
+            raise GDRORecipeError(f"algorithm.adv_estimator={estimator!r}: {e}") from None
+    ran.append("advantage estimator")
+
+    if config.trainer.get("use_v1", True):
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        try:
+            get_trainer_cls(config.trainer.v1.trainer_mode)
+        except ValueError as e:
+            raise GDRORecipeError(f"trainer.v1.trainer_mode: {e}") from None
+        ran.append("trainer class")
+
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    try:
+        resolve_reward_manager_cls(config)
+    except Exception as e:  # noqa: BLE001
+        raise GDRORecipeError(
+            f"reward.reward_manager (source={config.reward.reward_manager.get('source')!r}, "
+            f"name={config.reward.reward_manager.get('name')!r}): {type(e).__name__}: {e}"
+        ) from None
+    ran.append("reward manager")
+    return ran
+
+
+# --------------------------------------------------------------------------------------- all
+@dataclass
+class Prepared:
+    gdro: GDROConfig
+    budget: BudgetPlan
+    data: Optional[DataCheck]
+    reward: Optional[RewardProbe]
+    verl_checks: list[str]
+
+
+def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks: bool = True) -> Prepared:
+    """Run every start-up check (see the module docstring); raise on the first failure."""
+    gdro = build_gdro_config(config)
+    check_supported_modes(config, gdro)
+    budget = check_budget(config, gdro)
+    data = reward = None
+    if gdro.enabled:
+        data = check_train_prompt_ids(config, require_files=require_files)
+        reward = probe_reward_acc(config, data)
+    verl_checks = validate_verl_config(config) if run_verl_checks else []
+    return Prepared(gdro=gdro, budget=budget, data=data, reward=reward, verl_checks=verl_checks)
+
+
+__all__ = [
+    "GDRO_STATE_FILE",
+    "GDROConfigError",
+    "GDRORecipeError",
+    "Prepared",
+    "PromptIdError",
+    "build_gdro_config",
+    "check_budget",
+    "check_supported_modes",
+    "check_train_prompt_ids",
+    "prepare",
+    "probe_reward_acc",
+    "prompt_ids_of_table",
+    "train_files",
+    "validate_verl_config",
+]

@@ -1,0 +1,198 @@
+"""The dry run: ``python -m recipe.gdro.main_gdro gdro.dry_run=true ...``.
+
+It composes the config, runs verl's validation and ours, prints the plan and the resolved keys and
+exits 0, without Ray, without a GPU and with a model path that is not downloaded; a refused setting
+exits non-zero with a message naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recipe.gdro.main_gdro import cli  # noqa: E402
+from recipe_helpers import standins as S  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def paper_overrides(data: Path) -> list[str]:
+    """The paper's Qwen3-8B Rollout-GDRO run on one 8-GPU node (App. A.1), with a local train file."""
+    return [
+        "gdro.dry_run=true",
+        "gdro.rollout.enable=true",
+        "actor_rollout_ref.model.path=Qwen/Qwen3-8B-Base",
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]",
+        "data.train_batch_size=256",
+        "data.max_prompt_length=3200",
+        "data.max_response_length=4096",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.rollout.name=vllm",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.val_kwargs.n=8",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=0.8",
+        "actor_rollout_ref.rollout.val_kwargs.top_k=20",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.clip_ratio_low=0.2",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.total_training_steps=1000",
+        "trainer.test_freq=50",
+        "trainer.save_freq=50",
+        "trainer.logger=[console]",
+    ]
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 42)))))
+
+
+def run_cli(capsys, argv):
+    code = cli(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_dry_run_prints_the_plan_and_resolved_values(capsys, data):
+    import ray
+    import torch
+
+    code, out, err = run_cli(capsys, paper_overrides(data))
+    assert code == 0, err
+    assert "dry run OK" in out
+    assert "model        Qwen/Qwen3-8B-Base" in out
+    assert "256 prompts/step x n̄=4 -> 1024 responses/step" in out
+    assert "padding rows/step: 0" in out
+    assert "Rollout-GDRO ON   allocator=sqrt" in out
+    assert "Prompt-GDRO  off" in out
+    assert "32 training prompts, extra_info.index unique, ids < 32" in out
+    assert "acc probe: math_dapo: ['acc', 'pred', 'score']" in out
+    for line in (
+        "data.train_batch_size: 256",
+        "actor_rollout_ref.rollout.n: 4",
+        "actor_rollout_ref.actor.optim.lr: 1.0e-06",
+        "actor_rollout_ref.actor.kl_loss_coef: 0.001",
+        "actor_rollout_ref.actor.clip_ratio_low: 0.2",
+        "actor_rollout_ref.actor.clip_ratio_high: 0.28",
+        "actor_rollout_ref.rollout.val_kwargs.n: 8",
+        "actor_rollout_ref.rollout.val_kwargs.temperature: 0.6",
+        "actor_rollout_ref.rollout.val_kwargs.top_p: 0.8",
+        "actor_rollout_ref.rollout.val_kwargs.top_k: 20",
+        "gdro.rollout.enable: true",
+        "gdro.prompt.enable: false",
+        "trainer.n_gpus_per_node: 8",
+    ):
+        assert line in out.splitlines(), line
+    # the resolved gdro section, block YAML
+    assert "resolved gdro section:\ngdro:\n  binner:\n    num_bins: 10" in out
+    assert "    n_mean: 4" in out
+    # nothing was started
+    assert not ray.is_initialized()
+    assert not torch.cuda.is_initialized()
+
+
+def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
+    argv = [a for a in paper_overrides(data) if not a.startswith("gdro.rollout.enable")]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 0, err
+    assert "Rollout-GDRO off" in out and "Prompt-GDRO  off" in out
+    assert "unused: GDRO disabled -> plain verl GRPO" in out
+
+
+@pytest.mark.parametrize(
+    "extra, code, message",
+    [
+        (["+gdro.rollout.n_mn=2"], 2, "unknown key(s) gdro.rollout.n_mn"),
+        (["gdro.rollout.n_mn=2"], 1, "gdro.rollout.n_mn"),
+        (["gdro.rollout.n_min=abc"], 2, "rollout.n_min='abc' must be an integer"),
+        (["gdro.rollout.n_max=3"], 2, "rollout.n_max=3 is invalid: must be >= rollout.n_mean=4"),
+        (["gdro.rollout.n_mean=8"], 2, "gdro.rollout.n_mean=8 differs from actor_rollout_ref.rollout.n=4"),
+        (["data.train_batch_size=200"], 2, "data.train_batch_size=200 is not a multiple of"),
+        (["trainer.v1.trainer_mode=separate_async"], 2, "trainer.v1.trainer_mode='separate_async' is not supported"),
+        (["algorithm.filter_groups.enable=true"], 2, "algorithm.filter_groups.enable=true"),
+        (["actor_rollout_ref.rollout.name=???"], 2, "actor_rollout_ref.rollout: verl rejects it"),
+        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], 1, "verl config validation failed"),
+    ],
+)
+def test_dry_run_refusals_exit_nonzero_naming_the_setting(capsys, data, extra, code, message):
+    got, out, err = run_cli(capsys, paper_overrides(data) + extra)
+    assert got == code, (out, err)
+    assert message in err
+    assert "dry run OK" not in out
+
+
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        ([0, 1, None, 3], "row 2 has no id"),
+        ([0, 1, 1, 3], "id 1 appears at rows 1 and 2"),
+    ],
+)
+def test_dry_run_refuses_bad_prompt_ids(capsys, tmp_path, index, message):
+    bad = Path(S.write_parquet(str(tmp_path / "bad.parquet"), S.math_rows([1, 2, 3, 4], index=index)))
+    code, out, err = run_cli(capsys, paper_overrides(bad))
+    assert code == 2
+    assert "bad.parquet extra_info.index" in err and message in err
+
+
+def test_dry_run_refuses_a_reward_without_acc(capsys, data, tmp_path):
+    reward = tmp_path / "reward.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+                      "    return {'score': 1.0}\n")
+    code, out, err = run_cli(capsys, paper_overrides(data) + [f"reward.custom_reward_function.path={reward}"])
+    assert code == 2
+    assert "without 'acc'" in err
+
+
+def test_dry_run_without_local_data_still_checks_the_config(capsys):
+    argv = [a for a in paper_overrides(Path("/nonexistent/dapo.parquet"))]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 0, err
+    assert "NOT CHECKED (not found locally / remote): /nonexistent/dapo.parquet" in out
+
+
+# --------------------------------------------------------------------------- the real command line
+def _module_cli(args, cwd):
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return subprocess.run(
+        [sys.executable, "-m", "recipe.gdro.main_gdro", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_dry_run_exits_zero(data, tmp_path):
+    proc = _module_cli(paper_overrides(data), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "dry run OK" in proc.stdout
+    assert "actor_rollout_ref.actor.clip_ratio_high: 0.28" in proc.stdout
+
+
+def test_cli_unknown_key_exits_nonzero_naming_it(data, tmp_path):
+    proc = _module_cli(paper_overrides(data) + ["gdro.rollout.n_mn=2"], cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "gdro.rollout.n_mn" in proc.stderr
+    proc = _module_cli(paper_overrides(data) + ["+gdro.rollout.n_mn=2"], cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "unknown key(s) gdro.rollout.n_mn" in proc.stderr

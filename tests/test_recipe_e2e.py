@@ -1,0 +1,422 @@
+"""CPU end-to-end test of the GDRO recipe inside verl 0.9.1's real v1 training loop.
+
+verl cannot generate on CPU, so only the GPU workers (log-prob / update), the LLM server and the
+checkpoint engine are stand-ins (tests/recipe_helpers/standins.py). Everything else is verl's own
+code running for real: ``PPOTrainerSync.fit`` -> replay buffer -> ``_balance_batch`` -> old / ref
+log-prob -> GRPO advantage -> actor update -> metrics -> checkpoint, TransferQueue (SimpleStorage,
+one storage unit on a 2-CPU Ray), verl's ``AgentLoopWorkerTQ`` (which reads ``__rollout_n__`` and
+writes trajectories) and verl's reward path ending in ``math_dapo`` on the scripted text responses.
+
+Checked against an independent replay: a shadow :class:`verl_ext.GDROController` fed the same
+prompt ids and outcomes must schedule the same counts and produce the weights by which verl's GRPO
+advantages (recomputed with ``core_algos.compute_grpo_outcome_advantage``) are scaled.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import shutil
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ray = pytest.importorskip("ray")
+tq = pytest.importorskip("transfer_queue")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from recipe.gdro.main_gdro import compose_config  # noqa: E402
+from recipe.gdro.metrics_io import read_metrics_jsonl  # noqa: E402
+from recipe_helpers import standins as S  # noqa: E402
+from verl_ext import GDROController, gdro_config_from_dict  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ANSWERS = [10, 11, 12, 13, 14, 15]
+SOLVE_RATES = {0: 0.0, 1: 0.25, 2: 0.5, 3: 0.75, 4: 1.0, 5: 0.5}
+N_MEAN = 4
+
+
+def overrides(work: Path, *extra: str, steps: int = 3, batch: int = 4, mini: int = 2) -> list[str]:
+    return [
+        f"data.train_files=[{work / 'train.parquet'}]",
+        f"data.val_files=[{work / 'train.parquet'}]",
+        f"data.train_batch_size={batch}",
+        "data.max_prompt_length=128",
+        "data.max_response_length=64",
+        "data.dataloader_num_workers=0",
+        "data.seed=7",
+        "actor_rollout_ref.model.path=/nonexistent/tiny-model",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={N_MEAN}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.logger=[console]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.default_local_dir={work / 'ckpt'}",
+        "trainer.n_gpus_per_node=2",
+        "trainer.device=cpu",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "transfer_queue.backend.SimpleStorage.total_storage_size=4096",
+        *extra,
+    ]
+
+
+def make_config(work: Path, *extra: str, **kw):
+    config = compose_config(overrides(work, *extra, **kw))
+    config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    return config
+
+
+@contextmanager
+def capture_tracking():
+    """Record what verl's fit logs through Tracking.log (step -> metrics dict)."""
+    from verl.utils import tracking
+
+    logged: dict[int, dict] = {}
+    original = tracking.Tracking.log
+
+    def log(self, data, step, *args, **kwargs):
+        logged.setdefault(int(step), {}).update(data)
+        return original(self, data, step, *args, **kwargs)
+
+    tracking.Tracking.log = log
+    try:
+        yield logged
+    finally:
+        tracking.Tracking.log = original
+
+
+@pytest.fixture(scope="module")
+def tq_session(tmp_path_factory):
+    """Ray (2 CPUs) + TransferQueue (SimpleStorage, one storage unit), shared by the module."""
+    config = make_config(tmp_path_factory.mktemp("tqinit"))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    tq.init(config.transfer_queue)
+    yield
+    tq.close()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return S.build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def script():
+    return S.Script(SOLVE_RATES)
+
+
+def new_work(tmp_path_factory, name: str) -> Path:
+    work = tmp_path_factory.mktemp(name)
+    S.write_parquet(str(work / "train.parquet"), S.math_rows(ANSWERS))
+    return work
+
+
+JOINT = (
+    "gdro.prompt.enable=true",
+    "gdro.rollout.enable=true",
+    "gdro.binner.num_bins=4",
+    "gdro.rollout.variance_beta=1.0",
+    "gdro.rollout.n_max=8",
+    "trainer.save_freq=2",
+    "trainer.resume_mode=disable",
+)
+
+
+@pytest.fixture(scope="module")
+def joint_run(tq_session, tmp_path_factory, tokenizer, script):
+    """Both adversaries on, 3 steps, checkpoints at steps 2 and 3."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "joint")
+    config = make_config(work, *JOINT)
+    with capture_tracking() as logged:
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    return {"work": work, "config": config, "trainer": trainer, "manager": manager, "logged": logged}
+
+
+def shadow_controller(config) -> GDROController:
+    section = OmegaConf.to_container(config.gdro, resolve=True)
+    return GDROController(gdro_config_from_dict(section), num_prompts=len(ANSWERS))
+
+
+def real_rows(update: dict) -> list[dict]:
+    return [r for r in update["rows"] if not r["is_padding"]]
+
+
+def replay_and_check(
+    run: dict, script: S.Script, steps: list[int], shadow: GDROController, *, rollout: bool, abs_adv: bool = False
+):
+    """Replay the run with a shadow controller and check counts, groups and advantages step by step."""
+    manager, trainer = run["manager"], run["trainer"]
+    batches = {b["step"]: b for b in manager.batches}
+    updates = {u["step"]: u for u in trainer.actor_rollout_wg.updates}
+    assert sorted(batches) == steps and sorted(updates) == steps
+    sessions_run = Counter((e["step"], e["uid"]) for e in manager.worker.script_log)
+    for step in steps:
+        batch, update = batches[step], updates[step]
+        counts = shadow.schedule(batch["index"]).tolist()
+        if rollout:
+            assert batch["rollout_n"] == counts, f"step {step}: __rollout_n__ differs from the schedule"
+        else:
+            assert batch["rollout_n"] is None, "Rollout-GDRO off must not set __rollout_n__"
+            counts = [N_MEAN] * len(batch["index"])
+        assert sum(counts) == len(batch["index"]) * N_MEAN
+        rows = real_rows(update)
+        # realised = scheduled: sessions verl's worker ran, and rows (GRPO group sizes) reaching the actor
+        group_size = Counter(r["uid"] for r in rows)
+        for uid, n in zip(batch["uid"], counts):
+            assert sessions_run[(step, uid)] == n
+            assert group_size[uid] == n
+        assert len(rows) == sum(counts)
+        assert update["num_rows"] % update["mini_batch_size"] == 0
+        # verl's reward path (math_dapo) agrees with the script
+        for r in rows:
+            assert r["score"] == (1.0 if script.correct(r["index"], r["session"], step) else -1.0)
+        # advantages = verl's GRPO advantage x the shadow controller's weight
+        acc = np.array([script.correct(r["index"], r["session"], step) for r in rows])
+        grpo = S.grpo_reference(update["rows"])
+        mean_abs = np.abs([grpo[r["key"]] for r in rows]) if abs_adv else None
+        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs)
+        for r, m in zip(rows, mult):
+            expected = grpo[r["key"]] * m
+            assert r["advantage"] == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, r["index"], r["session"])
+            tokens = r["advantage_tokens"] * r["mask"]
+            assert np.allclose(tokens.numpy(), expected * r["mask"].numpy(), rtol=1e-5, atol=1e-6)
+        for r in update["rows"]:
+            if r["is_padding"]:
+                assert float(r["advantage_tokens"].abs().sum()) == 0.0
+    return shadow
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_joint_run_counts_groups_and_advantages(joint_run, script):
+    shadow = shadow_controller(joint_run["config"])
+    replay_and_check(joint_run, script, [1, 2, 3], shadow, rollout=True)
+    batches = joint_run["manager"].batches
+    assert any(len(set(b["rollout_n"])) > 1 for b in batches), "Rollout-GDRO never varied the counts"
+    # The controller in the trainer ended in the shadow's state (the shadow saw the responses in the
+    # actor's row order, the trainer in (prompt, session) order: last-bit differences in the metrics).
+    live = joint_run["trainer"].gdro.state_dict()
+    assert_states_equal(live, shadow.state_dict(), approx_under=("state.metrics",))
+
+
+def test_joint_run_logs_gdro_metrics(joint_run):
+    logged = joint_run["logged"]
+    assert sorted(logged) == [1, 2, 3]
+    for step, metrics in logged.items():
+        for key in ("gdro/mu", "gdro/se_proxy_reduction", "gdro/bin_00/adversary_prob", "gdro/unseen/data_share",
+                    "gdro/multiplier_max", "gdro/recipe/scheduled_rollouts", "gdro/recipe/padding_rows"):
+            assert key in metrics, (step, key)
+        assert metrics["gdro/recipe/scheduled_rollouts"] == 4 * N_MEAN
+        assert metrics["gdro/recipe/realised_rollouts"] == 4 * N_MEAN
+        assert metrics["gdro/recipe/padding_rows"] == 0
+        assert all(math.isfinite(v) for k, v in metrics.items() if k.startswith("gdro/"))
+    assert "gdro/unseen/adversary_weight" in logged[1]  # step 1: every prompt is unseen
+    records = read_metrics_jsonl(joint_run["work"] / "ckpt" / "gdro_metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for record in records:
+        logged_step = logged[record["step"]]
+        gdro_logged = {k: v for k, v in logged_step.items() if k.startswith("gdro/")}
+        finite = {k: v for k, v in record.items() if k != "step" and isinstance(v, float) and math.isfinite(v)}
+        assert finite.keys() == gdro_logged.keys()
+        for k, v in finite.items():
+            assert v == pytest.approx(gdro_logged[k])
+    # Every key the controller reports is in the file (NaN ones as null -> nan).
+    assert "gdro/binner/unseen_in_batch" in records[0]
+
+
+def assert_states_equal(a, b, path="state", approx_under=()):
+    """Exact (bitwise) equality of two controller states; floats under ``approx_under`` to 1e-12."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_states_equal(a[k], b[k], f"{path}.{k}", approx_under)
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), path
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), path
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_states_equal(x, y, f"{path}[{i}]", approx_under)
+    elif isinstance(a, float) and any(path.startswith(p) for p in approx_under):
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-12), path
+    else:
+        assert a == b, path
+
+
+def test_checkpoint_and_resume_reproduce_step_3(joint_run, tmp_path_factory, tokenizer, script):
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    src = joint_run["work"]
+    ckpt_a = src / "ckpt"
+    assert (ckpt_a / "global_step_2" / "gdro_state.pkl").exists()
+    assert (ckpt_a / "global_step_3" / "gdro_state.pkl").exists()
+    assert not list(ckpt_a.rglob(".gdro_state.*.tmp")), "atomic save left a temporary file"
+
+    # Run B: a copy of A's experiment folder as it was after step 2 (plus A's metrics lines of step 3,
+    # which the resume must drop and write again), resumed by verl's resume_mode=auto.
+    work = new_work(tmp_path_factory, "resume")
+    shutil.copytree(ckpt_a, work / "ckpt")
+    shutil.rmtree(work / "ckpt" / "global_step_3")
+    (work / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    extra = [o for o in JOINT if not o.startswith("trainer.resume_mode")] + ["trainer.resume_mode=auto"]
+    config = make_config(work, *extra)
+    trainer_b, manager_b = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+
+    assert any(p.endswith("global_step_2/actor") for p in trainer_b.actor_rollout_wg.loaded)
+    assert [b["step"] for b in manager_b.batches] == [3]
+    step3_a = next(b for b in joint_run["manager"].batches if b["step"] == 3)
+    step3_b = manager_b.batches[0]
+    assert step3_b["index"] == step3_a["index"]
+    assert step3_b["rollout_n"] == step3_a["rollout_n"]
+
+    def by_prompt_session(trainer):
+        update = next(u for u in trainer.actor_rollout_wg.updates if u["step"] == 3)
+        return {(r["index"], r["session"]): r["advantage"] for r in real_rows(update)}
+
+    assert by_prompt_session(trainer_b) == by_prompt_session(joint_run["trainer"])
+
+    with open(ckpt_a / "global_step_3" / "gdro_state.pkl", "rb") as f:
+        state_a = pickle.load(f)
+    with open(work / "ckpt" / "global_step_3" / "gdro_state.pkl", "rb") as f:
+        state_b = pickle.load(f)
+    assert_states_equal(state_b, state_a)
+
+    records_a = read_metrics_jsonl(ckpt_a / "gdro_metrics.jsonl")
+    lines_b = (work / "ckpt" / "gdro_metrics.jsonl").read_text().splitlines()
+    assert len(lines_b) == 3, "the resumed run must rewind the metrics file to step 2, then append step 3"
+    records_b = read_metrics_jsonl(work / "ckpt" / "gdro_metrics.jsonl")
+    assert [r["step"] for r in records_b] == [1, 2, 3]
+    skip = {"gdro/recipe/driver_ms"}
+    a3 = {k: v for k, v in records_a[2].items() if k not in skip}
+    b3 = {k: v for k, v in records_b[2].items() if k not in skip}
+    assert a3.keys() == b3.keys()
+    for k in a3:
+        assert (math.isnan(a3[k]) and math.isnan(b3[k])) or a3[k] == b3[k], k
+
+
+def test_resume_without_gdro_state_is_refused(joint_run, tmp_path_factory, tokenizer, script):
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "nostate")
+    shutil.copytree(joint_run["work"] / "ckpt" / "global_step_2", work / "ckpt" / "global_step_2")
+    os.remove(work / "ckpt" / "global_step_2" / "gdro_state.pkl")
+    (work / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    extra = [o for o in JOINT if not o.startswith("trainer.resume_mode")] + ["trainer.resume_mode=auto"]
+    config = make_config(work, *extra)
+    with pytest.raises(RuntimeError, match="gdro_state.pkl is missing"):
+        S.run_fit(GDROTrainerSync, config, tokenizer, script)
+
+
+def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenizer, script):
+    """Both adversaries off: the recipe trainer and verl's PPOTrainerSync train on identical advantages."""
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    runs = {}
+    for name, cls in (("plain", PPOTrainerSync), ("recipe", GDROTrainerSync)):
+        work = new_work(tmp_path_factory, name)
+        config = make_config(work, "trainer.resume_mode=disable", "trainer.save_freq=-1", steps=2)
+        with capture_tracking() as logged:
+            trainer, manager = S.run_fit(cls, config, tokenizer, script)
+        runs[name] = {"trainer": trainer, "manager": manager, "logged": logged, "work": work}
+        assert not (work / "ckpt" / "gdro_metrics.jsonl").exists()
+        assert all(b["rollout_n"] is None for b in manager.batches)
+
+    plain, recipe = runs["plain"], runs["recipe"]
+    assert [b["index"] for b in plain["manager"].batches] == [b["index"] for b in recipe["manager"].batches]
+    for step in (1, 2):
+        up_p = next(u for u in plain["trainer"].actor_rollout_wg.updates if u["step"] == step)
+        up_r = next(u for u in recipe["trainer"].actor_rollout_wg.updates if u["step"] == step)
+        adv_p = {(r["index"], r["session"]): r["advantage"] for r in up_p["rows"]}
+        adv_r = {(r["index"], r["session"]): r["advantage"] for r in up_r["rows"]}
+        assert adv_p == adv_r
+        grpo = S.grpo_reference(up_r["rows"])
+        for r in up_r["rows"]:
+            assert r["advantage"] == pytest.approx(grpo[r["key"]], abs=1e-6)
+    for step_metrics in recipe["logged"].values():
+        assert not any(k.startswith("gdro/") for k in step_metrics)
+
+
+def test_prompt_gdro_skips_padding_rows(tq_session, tmp_path_factory, tokenizer, script):
+    """Prompt-GDRO only (loss signal mean |A|), B=3 with mini-batch 2: verl pads 12 rows to 16."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "padding")
+    config = make_config(
+        work,
+        "gdro.prompt.enable=true",
+        "gdro.prompt.loss_signal=mean_abs_advantage",
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        steps=2,
+        batch=3,
+    )
+    with capture_tracking() as logged:
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    run = {"trainer": trainer, "manager": manager}
+    shadow = shadow_controller(config)
+    replay_and_check(run, script, [1, 2], shadow, rollout=False, abs_adv=True)
+    assert len(set(np.round(trainer.gdro.prompt.scores, 12))) > 1, "the adversary never moved"
+    for update in trainer.actor_rollout_wg.updates:
+        assert update["num_rows"] == 16
+        assert sum(r["is_padding"] for r in update["rows"]) == 4
+    for step_metrics in logged.values():
+        assert step_metrics["gdro/recipe/padding_rows"] == 4
+        assert step_metrics["gdro/recipe/realised_rollouts"] == 12
+        assert step_metrics["gdro/binner/nonfinite_rewards"] == 0
+
+
+def test_task_runner_runs_the_recipe_trainer(tq_session, tmp_path_factory, tokenizer, script, monkeypatch):
+    """GDROTaskRunner.run (what run_ppo starts as a Ray actor) with the GPU parts stood in."""
+    from verl.trainer.ppo.v1 import PPOTrainerColocateAsync
+
+    from recipe.gdro import task_runner as TR
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    assert TR.select_trainer_cls(compose_config([])) is GDROTrainerSync
+    assert TR.select_trainer_cls(compose_config(["trainer.v1.trainer_mode=colocate_async"])) is PPOTrainerColocateAsync
+    assert hasattr(TR.GDROTaskRunnerActor, "remote")
+
+    work = new_work(tmp_path_factory, "runner")
+    config = compose_config(overrides(work, *JOINT, steps=1))  # unresolved, as run_ppo passes it
+    managers = []
+
+    def init_agent_loop_manager(self):
+        self.agent_loop_manager = S.StandInAgentLoopManager(self.config, tokenizer, script)
+        managers.append(self.agent_loop_manager)
+
+    monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: S.standin_trainer_cls(GDROTrainerSync, tokenizer))
+    monkeypatch.setattr(TR.GDROTaskRunner, "init_agent_loop_manager", init_agent_loop_manager)
+    monkeypatch.setattr(tq, "init", lambda conf=None: conf)  # keep the module's TransferQueue
+    monkeypatch.setattr(tq, "close", lambda: None)
+    (work / "ckpt").mkdir()
+    (work / "ckpt" / "gdro_metrics.jsonl").write_text('{"step": 7, "gdro/mu": 1.0}\n')  # an earlier run's file
+    S.clear_transfer_queue()
+    runner = TR.GDROTaskRunner()
+    try:
+        runner.run(config)
+    finally:
+        for m in managers:
+            m.close()
+    assert runner.config.transfer_queue.enable is True
+    assert [b["step"] for b in managers[0].batches] == [1]
+    assert [r["step"] for r in read_metrics_jsonl(work / "ckpt" / "gdro_metrics.jsonl")] == [1]
+    assert len(list((work / "ckpt").glob("gdro_metrics.jsonl.*.bak"))) == 1  # the old file, moved aside
+    assert (work / "ckpt" / "global_step_1" / "gdro_state.pkl").exists()
