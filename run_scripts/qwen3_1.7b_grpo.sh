@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Qwen3-1.7B-Base x GRPO baseline: the same recipe and settings with both GDRO adversaries off, so
+# data, reward, validation and verl's metrics match the GDRO runs apart from the adversaries.
+#
+# The paper's protocol (App. A.1: 256 prompts x 4 rollouts, 1000 steps, lr 1e-6, KL loss 0.001,
+# clip 0.2/0.28, validation n=8 @ T=0.6/top-p 0.8/top-k 20 every 50 steps on the seven sets) and
+# this size's GPU layout are in run_scripts/common/gdro_common.sh; docs/run_scripts.md explains
+# every environment variable.
+#
+#   bash run_scripts/qwen3_1.7b_grpo.sh                          # 1 node x 8 GPUs (80 GB)
+#   NNODES=2 bash run_scripts/qwen3_1.7b_grpo.sh                 # on a running Ray cluster
+#   bash run_scripts/qwen3_1.7b_grpo.sh trainer.save_freq=50     # extra Hydra overrides win
+#   DRY_RUN=1 bash run_scripts/qwen3_1.7b_grpo.sh                # check the config on a CPU-only machine
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common/gdro_common.sh"
+gdro_launch 1.7b grpo "$@"
