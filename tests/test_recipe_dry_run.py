@@ -113,7 +113,12 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
     code, out, err = run_cli(capsys, argv)
     assert code == 0, err
     assert "Rollout-GDRO off" in out and "Prompt-GDRO  off" in out
+    assert "observe-only: metrics logged; advantages and rollout counts are verl's" in out
+    assert "metrics      gdro/* via verl's logger" in out
+    code, out, err = run_cli(capsys, argv + ["gdro.observe=false"])
+    assert code == 0, err
     assert "unused: GDRO disabled -> plain verl GRPO" in out
+    assert "metrics      gdro/* via verl's logger" not in out
 
 
 @pytest.mark.parametrize(

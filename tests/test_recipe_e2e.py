@@ -14,6 +14,7 @@ advantages (recomputed with ``core_algos.compute_grpo_outcome_advantage``) are s
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -324,34 +325,49 @@ def test_resume_without_gdro_state_is_refused(joint_run, tmp_path_factory, token
 
 
 def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenizer, script):
-    """Both adversaries off: the recipe trainer and verl's PPOTrainerSync train on identical advantages."""
+    """Both adversaries off: the recipe trainer and verl's PPOTrainerSync train on identical advantages
+    and rollout counts. Observe-only (the default) still logs the binner's gdro/* metrics and JSONL;
+    gdro.observe=false leaves no GDRO trace at all."""
     from verl.trainer.ppo.v1 import PPOTrainerSync
 
     from recipe.gdro.trainer import GDROTrainerSync
 
     runs = {}
-    for name, cls in (("plain", PPOTrainerSync), ("recipe", GDROTrainerSync)):
+    variants = (("plain", PPOTrainerSync, []), ("observe", GDROTrainerSync, []), ("blind", GDROTrainerSync, ["gdro.observe=false"]))
+    for name, cls, extra in variants:
         work = new_work(tmp_path_factory, name)
-        config = make_config(work, "trainer.resume_mode=disable", "trainer.save_freq=-1", steps=2)
+        config = make_config(work, "trainer.resume_mode=disable", "trainer.save_freq=-1", *extra, steps=2)
         with capture_tracking() as logged:
             trainer, manager = S.run_fit(cls, config, tokenizer, script)
         runs[name] = {"trainer": trainer, "manager": manager, "logged": logged, "work": work}
-        assert not (work / "ckpt" / "gdro_metrics.jsonl").exists()
         assert all(b["rollout_n"] is None for b in manager.batches)
 
-    plain, recipe = runs["plain"], runs["recipe"]
-    assert [b["index"] for b in plain["manager"].batches] == [b["index"] for b in recipe["manager"].batches]
-    for step in (1, 2):
-        up_p = next(u for u in plain["trainer"].actor_rollout_wg.updates if u["step"] == step)
-        up_r = next(u for u in recipe["trainer"].actor_rollout_wg.updates if u["step"] == step)
-        adv_p = {(r["index"], r["session"]): r["advantage"] for r in up_p["rows"]}
-        adv_r = {(r["index"], r["session"]): r["advantage"] for r in up_r["rows"]}
-        assert adv_p == adv_r
-        grpo = S.grpo_reference(up_r["rows"])
-        for r in up_r["rows"]:
-            assert r["advantage"] == pytest.approx(grpo[r["key"]], abs=1e-6)
-    for step_metrics in recipe["logged"].values():
+    plain = runs["plain"]
+    for name in ("observe", "blind"):
+        recipe = runs[name]
+        assert [b["index"] for b in plain["manager"].batches] == [b["index"] for b in recipe["manager"].batches]
+        for step in (1, 2):
+            up_p = next(u for u in plain["trainer"].actor_rollout_wg.updates if u["step"] == step)
+            up_r = next(u for u in recipe["trainer"].actor_rollout_wg.updates if u["step"] == step)
+            adv_p = {(r["index"], r["session"]): r["advantage"] for r in up_p["rows"]}
+            adv_r = {(r["index"], r["session"]): r["advantage"] for r in up_r["rows"]}
+            assert adv_p == adv_r
+            grpo = S.grpo_reference(up_r["rows"])
+            for r in up_r["rows"]:
+                assert r["advantage"] == pytest.approx(grpo[r["key"]], abs=1e-6)
+
+    blind = runs["blind"]
+    assert not (blind["work"] / "ckpt" / "gdro_metrics.jsonl").exists()
+    for step_metrics in blind["logged"].values():
         assert not any(k.startswith("gdro/") for k in step_metrics)
+
+    observe = runs["observe"]
+    lines = (observe["work"] / "ckpt" / "gdro_metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert observe["trainer"].gdro.binner.seen_fraction() > 0
+    for step_metrics in observe["logged"].values():
+        assert step_metrics["gdro/multiplier_max"] == step_metrics["gdro/multiplier_min"] == 1.0
+        assert sum(v for k, v in step_metrics.items() if k.endswith("/data_share")) == pytest.approx(1.0)
 
 
 def test_prompt_gdro_skips_padding_rows(tq_session, tmp_path_factory, tokenizer, script):

@@ -224,6 +224,9 @@ class GDROConfig:
         binner: the online difficulty binner, shared by both adversaries.
         prompt: Prompt-GDRO (advantage reweighting).
         rollout: Rollout-GDRO (rollout allocation).
+        observe: with both adversaries off, still run the binner and log the ``gdro/*`` metrics
+            (advantages and rollout counts stay exactly verl's), so a GRPO baseline can be compared
+            with the GDRO runs bin by bin. Set false to skip the driver work altogether.
         dry_run: recipe only: validate the config, print the plan and exit.
         metrics_file: recipe only: per-step JSON lines file name inside the experiment folder.
     """
@@ -231,12 +234,19 @@ class GDROConfig:
     binner: BinnerConfig = field(default_factory=BinnerConfig)
     prompt: PromptGDROConfig = field(default_factory=PromptGDROConfig)
     rollout: RolloutGDROConfig = field(default_factory=RolloutGDROConfig)
+    observe: bool = True
     dry_run: bool = False
     metrics_file: str = "gdro_metrics.jsonl"
 
     @property
     def enabled(self) -> bool:
+        """True when at least one adversary changes training."""
         return self.prompt.enable or self.rollout.enable
+
+    @property
+    def active(self) -> bool:
+        """True when the controller runs at all (an adversary is on, or observe-only)."""
+        return self.enabled or self.observe
 
 
 def _coerce(path: str, annotation: Any, value: Any) -> Any:

@@ -65,6 +65,22 @@ def build_gdro_config(config: DictConfig) -> GDROConfig:
 
 
 # --------------------------------------------------------------------------------------- modes
+def observes_only(config: DictConfig, gdro: GDROConfig) -> bool:
+    """Observe-only mode: both adversaries off and ``gdro.observe``, in a run whose every group the
+    binner sees (the v1 sync trainer, no DAPO group filtering); elsewhere the recipe is plain verl."""
+    if gdro.enabled or not gdro.observe or not config.trainer.get("use_v1", True):
+        return False
+    if config.trainer.v1.trainer_mode != SUPPORTED_TRAINER_MODE:
+        return False
+    filter_groups = config.algorithm.get("filter_groups", None)
+    return not (filter_groups is not None and filter_groups.get("enable", False))
+
+
+def gdro_runs(config: DictConfig, gdro: GDROConfig) -> bool:
+    """Whether the recipe drives a GDRO controller at all (an adversary on, or observe-only)."""
+    return gdro.enabled or observes_only(config, gdro)
+
+
 def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     """Refuse verl modes that would combine with GDRO into wrong statistics.
 
@@ -467,7 +483,7 @@ def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks:
     check_supported_modes(config, gdro)
     budget = check_budget(config, gdro)
     data = reward = None
-    if gdro.enabled:
+    if gdro_runs(config, gdro):
         data = check_train_prompt_ids(config, require_files=require_files)
         reward = probe_reward_acc(config, data)
     verl_checks = validate_verl_config(config) if run_verl_checks else []
@@ -484,6 +500,8 @@ __all__ = [
     "check_budget",
     "check_supported_modes",
     "check_train_prompt_ids",
+    "gdro_runs",
+    "observes_only",
     "prepare",
     "probe_reward_acc",
     "prompt_ids_of_table",

@@ -29,7 +29,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from verl_ext import GDROConfigError, PromptIdError, gdro_config_to_dict
 
-from recipe.gdro.checks import GDRO_STATE_FILE, GDRORecipeError, Prepared, prepare
+from recipe.gdro.checks import GDRO_STATE_FILE, GDRORecipeError, Prepared, gdro_runs, observes_only, prepare
 
 CONFIG_MODULE = "recipe.gdro.config"
 CONFIG_NAME = "gdro_trainer"
@@ -186,7 +186,13 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
     edges = g.binner.bin_edges if g.binner.bin_edges is not None else f"{g.binner.num_bins} equal-width bins"
     out.append(
         f"binner       {edges}, window {g.binner.window}, hysteresis {g.binner.hysteresis}, unseen={g.binner.unseen}"
-        + ("" if g.enabled else "  (unused: GDRO disabled -> plain verl GRPO)")
+        + (
+            ""
+            if g.enabled
+            else "  (observe-only: metrics logged; advantages and rollout counts are verl's)"
+            if observes_only(config, g)
+            else "  (unused: GDRO disabled -> plain verl GRPO)"
+        )
     )
     if prepared.data is not None:
         d = prepared.data
@@ -206,7 +212,7 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
     for note in b.notes:
         out.append(f"note         {note}")
     local_dir = _select(config, "trainer.default_local_dir")
-    if g.enabled:
+    if gdro_runs(config, g):
         metrics_file = f"{local_dir}/{g.metrics_file}" if g.metrics_file else "(disabled: gdro.metrics_file='')"
         out.append(f"checkpoints  {local_dir}/global_step_N/{GDRO_STATE_FILE} with verl's checkpoint")
         out.append(f"metrics      gdro/* via verl's logger {_select(config, 'trainer.logger')}; JSONL {metrics_file}")

@@ -23,8 +23,10 @@ five of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
 
-With both adversaries disabled every override returns verl's result untouched: the run is plain
-verl GRPO.
+With both adversaries disabled the advantages and rollout counts are verl's, untouched. By default
+(``gdro.observe=true``) the binner still observes every step and the ``gdro/*`` metrics, JSONL file
+and checkpointed state are written, so a GRPO baseline is comparable with the GDRO runs bin by bin;
+with ``gdro.observe=false`` every override returns verl's result untouched.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from recipe.gdro.checks import (
     check_budget,
     check_supported_modes,
     check_train_prompt_ids,
+    gdro_runs,
     prompt_ids_of_table,
 )
 from recipe.gdro.metrics_io import append_metrics_jsonl, rewind_metrics_jsonl
@@ -100,6 +103,7 @@ class GDROTrainerSync(PPOTrainerSync):
         self.gdro_config = build_gdro_config(config)
         check_supported_modes(config, self.gdro_config)
         check_budget(config, self.gdro_config)
+        self._gdro_runs = gdro_runs(config, self.gdro_config)
         self.gdro: Optional[GDROController] = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: "OrderedDict[str, tuple[int, int, int]]" = OrderedDict()
@@ -110,7 +114,8 @@ class GDROTrainerSync(PPOTrainerSync):
     # ------------------------------------------------------------------ helpers
     @property
     def gdro_enabled(self) -> bool:
-        return self.gdro_config.enabled
+        """The controller runs: an adversary is on, or observe-only (see the module docstring)."""
+        return self._gdro_runs
 
     def gdro_metrics_path(self) -> Optional[str]:
         name = self.gdro_config.metrics_file
@@ -221,7 +226,7 @@ class GDROTrainerSync(PPOTrainerSync):
         session_pid = np.array([self._gdro_uid_map[u][0] for u in session_uids], dtype=np.int64)
 
         # 2. one TransferQueue read: acc (and the advantages when they are needed).
-        need_adv = cfg.prompt.enable or cfg.prompt.loss_signal == "mean_abs_advantage"
+        need_adv = cfg.prompt.enable  # observe-only and Rollout-GDRO read acc alone
         fields = ["extra_fields"] + (["advantages"] if need_adv else [])
         data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields) if keys else None
         extra = list(data["extra_fields"]) if keys else []
@@ -245,7 +250,7 @@ class GDROTrainerSync(PPOTrainerSync):
             adv_nested = data["advantages"]
             values, offsets = adv_nested.values(), adv_nested.offsets()
             lengths = offsets.diff()
-        if cfg.prompt.loss_signal == "mean_abs_advantage" and keys:
+        if cfg.prompt.enable and cfg.prompt.loss_signal == "mean_abs_advantage" and keys:
             # GRPO gives one scalar per response, broadcast over its (masked) tokens: |A| = max_t |A_t|.
             row_abs = torch.segment_reduce(values.abs().float(), "max", lengths=lengths, unsafe=True, initial=0.0)
             row_abs = np.nan_to_num(row_abs.double().numpy(), nan=0.0)
