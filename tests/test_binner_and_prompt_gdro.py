@@ -74,6 +74,8 @@ def test_unseen_prompts_are_not_the_hardest_bin():
         ([0, None, 2], "row 1 has no id"),
         ([0, float("nan")], "row 1 has no id"),
         ([0, 2.5], "row 1 has a non-integer id 2.5"),
+        ([0, "12"], "row 1 has id '12' of type str"),
+        ([True, 1], "row 0 has id True of type bool"),
         ([0, -3], "row 1 has a negative id -3"),
         ([0, 10], "row 1 has id 10 outside [0, 5)"),
     ],

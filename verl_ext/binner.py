@@ -49,7 +49,9 @@ def check_prompt_ids(ids: Any, *, num_prompts: Optional[int] = None, what: str =
         for row, value in enumerate(arr.tolist()):
             if value is None or (isinstance(value, float) and not np.isfinite(value)):
                 raise PromptIdError(f"{what}: row {row} has no id (value {value!r}); every prompt needs extra_info.index")
-            if isinstance(value, bool) or not float(value).is_integer():
+            if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+                raise PromptIdError(f"{what}: row {row} has id {value!r} of type {type(value).__name__}; ids must be integers")
+            if not float(value).is_integer():
                 raise PromptIdError(f"{what}: row {row} has a non-integer id {value!r}")
             out[row] = int(value)
         arr = out
