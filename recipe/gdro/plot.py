@@ -1,0 +1,454 @@
+"""Plots of GDRO per-step metrics, for a real training run and for the simulator alike.
+
+    python -m recipe.gdro.plot RUN_DIR/gdro_metrics.jsonl --out DIR    # a training run
+    python -m recipe.gdro.plot SIM_OUT_DIR [--out DIR]                  # a simulator output folder
+
+Input is the recipe's JSON-lines format (``recipe/gdro/metrics_io.py``): one object per line,
+``{"step": N, "gdro/bin_03/adversary_weight": ..., ...}``, NaN written as null. The simulator
+writes the same format per method and seed (plus ``sim/*`` keys), so both go through
+:func:`plot_gdro_run`. Anything coming from the simulator is labelled "synthetic learner".
+
+Plots (each written only when the run has the data for it):
+
+* ``traveling_wave``: the adversary's distribution q(b) over the bins present in the batch
+  (``adversary_prob``, renormalised over those bins, so it is comparable with the data share),
+  against the bin's data share, over steps (heatmaps + centre of mass): the paper's "traveling wave";
+* ``weight_vs_share_per_bin``: the same, one small panel per bin;
+* ``rollouts_per_bin``: mean rollouts per prompt of each bin over steps (n̄ dashed);
+* ``compute_share``: data share and compute share (share of rollouts) per bin over steps, and
+  their step averages against each other;
+* ``mu``: the shadow price μ (log scale) and the standard-error proxy reduction vs uniform;
+* ``bins``: when no adversary is active (a GRPO baseline in observe-only mode), the data share
+  and batch accuracy per bin over steps;
+* simulator only: ``accuracy_curves`` (held-out mean and worst-skill accuracy per method, mean ±
+  std over seeds) and ``skill_compute_share`` (rollout share vs data share per skill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+import warnings
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+_GROUP_RE = re.compile(r"^gdro/(bin_\d+|unseen)/(.+)$")
+SYNTH_TAG = "[synthetic learner]"
+
+
+# ------------------------------------------------------------------------------------ reading
+def read_metrics_jsonl(path: str) -> list[dict[str, Any]]:
+    """Records of a metrics JSONL file, via the recipe's own reader (null → NaN, last line per step wins)."""
+    from recipe.gdro.metrics_io import read_metrics_jsonl as _read
+
+    records = _read(path)
+    if not records:
+        raise ValueError(f"{path}: no metrics records")
+    return records
+
+
+class Series:
+    """Per-step metrics as aligned arrays: ``steps`` and ``values[key]`` (NaN where missing)."""
+
+    def __init__(self, steps: np.ndarray, values: dict[str, np.ndarray]):
+        self.steps = steps
+        self.values = values
+
+    @classmethod
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> "Series":
+        by_step: dict[int, Mapping[str, Any]] = {}
+        for r in records:  # a resumed run may repeat steps: the last record wins
+            by_step[int(r["step"])] = r
+        steps = np.array(sorted(by_step), dtype=np.int64)
+        keys = sorted({k for r in by_step.values() for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        values = {k: np.array([float(by_step[s].get(k, math.nan)) for s in steps]) for k in keys}
+        return cls(steps, values)
+
+    @classmethod
+    def mean_of(cls, runs: Sequence["Series"]) -> "Series":
+        """Step-aligned nan-mean of several runs (e.g. seeds)."""
+        steps = np.array(sorted(set().union(*[set(r.steps.tolist()) for r in runs])), dtype=np.int64)
+        keys = sorted(set().union(*[set(r.values) for r in runs]))
+        values = {}
+        for k in keys:
+            stack = np.full((len(runs), len(steps)), np.nan)
+            for i, r in enumerate(runs):
+                if k in r.values:
+                    stack[i, np.searchsorted(steps, r.steps)] = r.values[k]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                values[k] = np.nanmean(stack, axis=0)
+        return cls(steps, values)
+
+    def get(self, key: str) -> Optional[np.ndarray]:
+        v = self.values.get(key)
+        if v is None or not np.any(np.isfinite(v)):
+            return None
+        return v
+
+    def groups(self) -> list[str]:
+        """Bin names present (``bin_00``.. ascending, ``unseen`` last)."""
+        found = {m.group(1) for k in self.values for m in [_GROUP_RE.match(k)] if m}
+        bins = sorted(g for g in found if g.startswith("bin_"))
+        return bins + (["unseen"] if "unseen" in found else [])
+
+    def matrix(self, metric: str, groups: Sequence[str]) -> np.ndarray:
+        """(len(groups), steps) array of ``gdro/<group>/<metric>``."""
+        return np.vstack([self.values.get(f"gdro/{g}/{metric}", np.full(len(self.steps), np.nan)) for g in groups])
+
+    def is_synthetic(self) -> bool:
+        return any(k.startswith("sim/") for k in self.values)
+
+
+def rolling(x: np.ndarray, w: int) -> np.ndarray:
+    """Trailing nan-mean over ``w`` steps along the last axis."""
+    if w <= 1:
+        return x
+    x = np.asarray(x, dtype=np.float64)
+    valid = np.isfinite(x)
+    filled = np.where(valid, x, 0.0)
+    c = np.cumsum(filled, axis=-1)
+    n = np.cumsum(valid, axis=-1)
+    pad = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
+    c = np.pad(c, pad)
+    n = np.pad(n, pad)
+    idx = np.arange(x.shape[-1]) + 1
+    lo = np.maximum(idx - w, 0)
+    s = c[..., idx] - c[..., lo]
+    k = n[..., idx] - n[..., lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(k > 0, s / np.maximum(k, 1), np.nan)
+
+
+def _label(group: str) -> str:
+    if group == "unseen":
+        return "unseen"
+    return f"bin {int(group.split('_')[1])}"
+
+
+def _smooth_window(n_steps: int) -> int:
+    return max(1, n_steps // 60)
+
+
+# ------------------------------------------------------------------------------------ plotting
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str) -> str:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _plt().close(fig)
+    return path
+
+
+def _bin_colors(groups: Sequence[str]) -> list:
+    plt = _plt()
+    bins = [g for g in groups if g != "unseen"]
+    cmap = plt.get_cmap("viridis")
+    cols = [cmap(i / max(len(bins) - 1, 1)) for i in range(len(bins))]
+    return cols + (["0.55"] if "unseen" in groups else [])
+
+
+def adversary_distribution(s: Series, groups: Sequence[str]) -> np.ndarray:
+    """(groups, steps) Prompt-GDRO distribution q(b) renormalised over the groups in each batch.
+
+    Uses ``adversary_prob`` (q(b) over all groups) when logged; older files only have
+    ``adversary_weight`` (then q(b)·G, logged for every group), which gives the same result.
+    Groups absent from a batch get NaN.
+    """
+    q = s.matrix("adversary_prob", groups)
+    if not np.any(np.isfinite(q)):
+        q = s.matrix("adversary_weight", groups)
+    present = np.nan_to_num(s.matrix("data_share", groups)) > 0
+    q = np.where(present & np.isfinite(q), q, 0.0)
+    tot = q.sum(axis=0, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(present & (tot > 0), q / np.where(tot > 0, tot, 1.0), np.nan)
+
+
+def prompt_adversary_active(s: Series) -> bool:
+    groups = s.groups()
+    w = s.matrix("adversary_weight", groups)
+    if np.any(np.isfinite(w)) and np.nanmax(np.abs(w - 1.0)) > 1e-9:
+        return True
+    q = s.matrix("adversary_prob", groups)
+    return bool(np.any(np.isfinite(q)) and np.nanmax(q) - np.nanmin(q) > 1e-9)
+
+
+def rollout_adversary_active(s: Series) -> bool:
+    if s.get("gdro/mu") is not None or s.get("gdro/se_proxy_reduction") is not None:
+        return True
+    r = s.matrix("rollouts_per_prompt", s.groups())
+    return bool(np.any(np.isfinite(r)) and np.nanmax(r) - np.nanmin(r) > 1e-9)
+
+
+def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what: Iterable[str] = ("prompt", "rollout")) -> list[str]:
+    """Render the GDRO plots of one run (or a seed average) into ``out_dir``; return the files written."""
+    plt = _plt()
+    os.makedirs(out_dir, exist_ok=True)
+    groups = s.groups()
+    files: list[str] = []
+    if not groups:
+        return files
+    x = s.steps
+    w = _smooth_window(len(x))
+    smooth_note = f" (trailing mean over {w} steps)" if w > 1 else ""
+    colors = _bin_colors(groups)
+    G = len(groups)
+    data = rolling(s.matrix("data_share", groups), w)
+    pre = f"{prefix}_" if prefix else ""
+
+    # ---- traveling wave (Prompt-GDRO)
+    if "prompt" in what and prompt_adversary_active(s):
+        q = rolling(adversary_distribution(s, groups), w)
+        fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.4]})
+        vmax = float(np.nanmax(np.concatenate([q.ravel(), data.ravel()])))
+        for ax, mat, name in ((axes[0], q, "adversary q(b)\n(bins in batch)"), (axes[1], data, "data share\nof the batch")):
+            im = ax.imshow(np.nan_to_num(mat), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
+                           extent=[x[0] - 0.5, x[-1] + 0.5, -0.5, G - 0.5], interpolation="nearest")
+            ax.set_yticks(range(G))
+            ax.set_yticklabels([_label(g) for g in groups], fontsize=7)
+            ax.set_ylabel(name)
+            fig.colorbar(im, ax=ax, pad=0.01)
+        bins_only = [i for i, g in enumerate(groups) if g != "unseen"]
+        idx = np.arange(len(bins_only))[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            qb, db = np.nan_to_num(q[bins_only]), np.nan_to_num(data[bins_only])
+            com_q = (idx * qb).sum(0) / qb.sum(0)
+            com_d = (idx * db).sum(0) / db.sum(0)
+        axes[2].plot(x, com_q, label="adversary q(b)", color="C3")
+        axes[2].plot(x, com_d, label="data share", color="C0", ls="--")
+        axes[2].set_ylabel("centre of mass\n(bin index)")
+        axes[2].set_xlabel("step")
+        axes[2].legend(fontsize=8)
+        fig.suptitle(f"{title}\nPrompt-GDRO traveling wave: adversary weight vs data share per bin (bin 0 = hardest){smooth_note}", fontsize=10)
+        files.append(_save(fig, os.path.join(out_dir, f"{pre}traveling_wave.png")))
+
+        ncol = 4
+        nrow = math.ceil(G / ncol)
+        fig, axes = plt.subplots(nrow, ncol, figsize=(12, 2.3 * nrow), sharex=True, squeeze=False)
+        for i, g in enumerate(groups):
+            ax = axes[i // ncol][i % ncol]
+            ax.plot(x, q[i], color="C3", label="adversary q(b)")
+            ax.plot(x, data[i], color="C0", ls="--", label="data share")
+            ax.set_title(_label(g), fontsize=8)
+            ax.tick_params(labelsize=7)
+        for j in range(G, nrow * ncol):
+            axes[j // ncol][j % ncol].axis("off")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"{title}\nadversary weight q(b) against data share, per bin{smooth_note}", fontsize=10)
+        fig.tight_layout()
+        files.append(_save(fig, os.path.join(out_dir, f"{pre}weight_vs_share_per_bin.png")))
+
+    # ---- no adversary (a GRPO baseline logged in observe-only mode): how the bins evolve
+    if not prompt_adversary_active(s) and not rollout_adversary_active(s):
+        acc = rolling(s.matrix("accuracy", groups), w)
+        fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.5))
+        ax0.stackplot(x, np.nan_to_num(data), colors=colors, labels=[_label(g) for g in groups])
+        ax0.set_ylim(0, 1)
+        ax0.set_title("data share per bin", fontsize=9)
+        for i, g in enumerate(groups):
+            ax1.plot(x, acc[i], color=colors[i], label=_label(g), lw=1.2)
+        ax1.set_ylim(0, 1)
+        ax1.set_title("batch accuracy per bin", fontsize=9)
+        ax1.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        for ax in (ax0, ax1):
+            ax.set_xlabel("step")
+        fig.suptitle(f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}", fontsize=10)
+        fig.tight_layout()
+        files.append(_save(fig, os.path.join(out_dir, f"{pre}bins.png")))
+
+    # ---- Rollout-GDRO
+    if "rollout" in what and rollout_adversary_active(s):
+        rpp = rolling(s.matrix("rollouts_per_prompt", groups), w)
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        for i, g in enumerate(groups):
+            ax.plot(x, rpp[i], color=colors[i], label=_label(g), lw=1.3)
+        mean_n = s.get("gdro/rollouts_per_prompt")
+        if mean_n is not None:
+            ax.axhline(float(np.nanmean(mean_n)), color="k", ls="--", lw=1, label="n̄ (budget)")
+        ax.set_xlabel("step")
+        ax.set_ylabel("rollouts per prompt")
+        ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.set_title(f"{title}\nRollout-GDRO: rollouts per prompt per bin (bin 0 = hardest){smooth_note}", fontsize=10)
+        files.append(_save(fig, os.path.join(out_dir, f"{pre}rollouts_per_bin.png")))
+
+        comp = rolling(s.matrix("compute_share", groups), w)
+        fig = plt.figure(figsize=(13, 4.5))
+        gs = fig.add_gridspec(1, 3, width_ratios=[2, 2, 1.3])
+        ax0, ax1, ax2 = fig.add_subplot(gs[0]), fig.add_subplot(gs[1]), fig.add_subplot(gs[2])
+        for ax, mat, name in ((ax0, data, "data share (prompts)"), (ax1, comp, "compute share (rollouts)")):
+            ax.stackplot(x, np.nan_to_num(mat), colors=colors, labels=[_label(g) for g in groups])
+            ax.set_ylim(0, 1)
+            ax.set_xlabel("step")
+            ax.set_title(name, fontsize=9)
+        ax1.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            d_avg = np.nanmean(s.matrix("data_share", groups), axis=1)
+            c_avg = np.nanmean(s.matrix("compute_share", groups), axis=1)
+        ax2.scatter(d_avg, c_avg, c=colors, s=40, zorder=3)
+        for i, g in enumerate(groups):
+            ax2.annotate(_label(g).replace("bin ", ""), (d_avg[i], c_avg[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        lim = float(np.nanmax(np.concatenate([d_avg, c_avg, [0.05]]))) * 1.1
+        ax2.plot([0, lim], [0, lim], "k--", lw=1)
+        ax2.set_xlim(0, lim)
+        ax2.set_ylim(0, lim)
+        ax2.set_xlabel("mean data share")
+        ax2.set_ylabel("mean compute share")
+        ax2.set_title("above the diagonal = more rollouts\nthan its share of prompts", fontsize=8)
+        fig.suptitle(f"{title}\nRollout-GDRO: compute share vs data share per bin{smooth_note}", fontsize=10)
+        fig.tight_layout()
+        files.append(_save(fig, os.path.join(out_dir, f"{pre}compute_share.png")))
+
+        mu = s.get("gdro/mu")
+        red = s.get("gdro/se_proxy_reduction")
+        if mu is not None or red is not None:
+            fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+            if mu is not None:
+                axes[0].plot(x, mu, color="C2")
+                if np.nanmin(mu) > 0:
+                    axes[0].set_yscale("log")
+            axes[0].set_ylabel("shadow price μ")
+            if red is not None:
+                axes[1].plot(x, 100 * red, color="C4", alpha=0.35, lw=0.8)
+                axes[1].plot(x, 100 * rolling(red, max(w, 1)), color="C4")
+                axes[1].axhline(0, color="k", lw=0.8)
+            axes[1].set_ylabel("SE-proxy reduction\nvs uniform (%)")
+            axes[1].set_xlabel("step")
+            fig.suptitle(f"{title}\nRollout-GDRO: shadow price μ and standard-error proxy", fontsize=10)
+            files.append(_save(fig, os.path.join(out_dir, f"{pre}mu.png")))
+    return files
+
+
+# ------------------------------------------------------------------------------------ simulator
+def _curve(entry: Mapping[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
+    c = entry["curves"][key]
+    return (np.array([np.nan if v is None else v for v in c["mean"]]), np.array([np.nan if v is None else v for v in c["std"]]))
+
+
+def plot_accuracy_curves(res: Mapping[str, Any], out_dir: str) -> str:
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for i, (name, e) in enumerate(res["methods"].items()):
+        steps = np.asarray(e["curves"]["step"])
+        for ax, key in zip(axes, ("mean_accuracy", "worst_skill_accuracy")):
+            m, sd = _curve(e, key)
+            ax.plot(steps, 100 * m, color=f"C{i}", label=name, lw=1.4)
+            ax.fill_between(steps, 100 * (m - sd), 100 * (m + sd), color=f"C{i}", alpha=0.18, lw=0)
+    axes[0].set_title("held-out mean accuracy (%)", fontsize=9)
+    axes[1].set_title("worst-skill held-out accuracy (%)", fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[1].legend(fontsize=8)
+    n_seeds = len(res["seeds"])
+    fig.suptitle(
+        f"{SYNTH_TAG} scenario {res['scenario']['name']}: accuracy per method at equal total rollouts "
+        f"(mean ± std over {n_seeds} seed{'s' if n_seeds > 1 else ''}) — synthetic, not LLM evidence",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return _save(fig, os.path.join(out_dir, "accuracy_curves.png"))
+
+
+def plot_skill_compute_share(res: Mapping[str, Any], out_dir: str) -> str:
+    plt = _plt()
+    skills = [s["name"] for s in res["scenario"]["skills"]]
+    first = next(iter(res["methods"].values()))
+    data = np.array([first["skill_data_share"][k] for k in skills])
+    # methods with a uniform allocation have compute share == data share: leave them out
+    methods = [m for m, e in res["methods"].items()
+               if max(abs(e["skill_compute_share"][k] - e["skill_data_share"][k]) for k in skills) > 1e-6]
+    width = 0.8 / (len(methods) + 1)
+    xs = np.arange(len(skills))
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(skills)), 4.5))
+    ax.bar(xs - 0.4 + width / 2, 100 * data, width, color="0.6", label="data share")
+    for i, m in enumerate(methods):
+        comp = np.array([res["methods"][m]["skill_compute_share"][k] for k in skills])
+        ax.bar(xs - 0.4 + width * (i + 1.5), 100 * comp, width, color=f"C{list(res['methods']).index(m)}", label=f"{m} compute share")
+    ax.set_xticks(xs)
+    ax.set_xticklabels(skills, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("% of prompts / % of rollouts")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{SYNTH_TAG} scenario {res['scenario']['name']}: share of rollouts per skill vs its share of prompts (log scale)\n"
+                 "(methods with uniform rollouts omitted: their compute share equals the data share)", fontsize=10)
+    return _save(fig, os.path.join(out_dir, "skill_compute_share.png"))
+
+
+def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
+    """All plots of a simulator output folder (reads results.json and metrics/<method>/seed*.jsonl)."""
+    out_dir = out_dir or sim_dir
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(sim_dir, "results.json"), encoding="utf-8") as f:
+        res = json.load(f)
+    files = [plot_accuracy_curves(res, out_dir), plot_skill_compute_share(res, out_dir)]
+    for name, e in res["methods"].items():
+        paths = [os.path.join(sim_dir, p) for p in e.get("metrics_files", [])]
+        paths = [p for p in paths if os.path.exists(p)]
+        if not paths:
+            continue
+        series = Series.mean_of([Series.from_records(read_metrics_jsonl(p)) for p in paths])
+        k = len(paths)
+        title = f"{SYNTH_TAG} {res['scenario']['name']} / {name} (mean of {k} seed{'s' if k > 1 else ''}; synthetic, not LLM evidence)"
+        files += plot_gdro_run(series, out_dir, title=title, prefix=name)
+    return files
+
+
+# ------------------------------------------------------------------------------------ CLI
+def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
+    """Plot a metrics JSONL file, a simulator output folder, or a folder of JSONL files."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "results.json")):
+            return plot_simulation(path, out_dir)
+        files = sorted(glob.glob(os.path.join(path, "**", "*.jsonl"), recursive=True))
+        if not files:
+            raise ValueError(f"{path}: no results.json and no *.jsonl metrics files")
+        out: list[str] = []
+        for f in files:
+            out += plot_path(f, os.path.join(out_dir or path, os.path.splitext(os.path.relpath(f, path))[0].replace(os.sep, "_")))
+        return out
+    series = Series.from_records(read_metrics_jsonl(path))
+    out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "gdro_plots")
+    name = os.path.basename(path)
+    if series.is_synthetic():
+        title = f"{SYNTH_TAG} {name} (synthetic, not LLM evidence)"
+    else:
+        title = f"GDRO training run: {name}"
+    files = plot_gdro_run(series, out_dir, title=title)
+    if not files:
+        print(f"note: {path} has no per-bin GDRO metrics with an active adversary; nothing to plot", file=sys.stderr)
+    return files
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipe.gdro.plot", description="Plot GDRO per-step metrics (training run JSONL or simulator output).")
+    p.add_argument("path", help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a simulator output folder")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: beside the input)")
+    args = p.parse_args(argv)
+    if not os.path.exists(args.path):
+        print(f"error: {args.path}: no such file or folder", file=sys.stderr)
+        return 2
+    try:
+        files = plot_path(args.path, args.out)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for f in files:
+        print(f)
+    return 0 if files else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

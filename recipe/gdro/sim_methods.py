@@ -1,0 +1,82 @@
+"""The methods the simulator compares, as verl_ext ``gdro:`` config presets.
+
+Every method runs at the same budget: Σ_i n(x_i) = B · n̄ rollouts every step. A method is a
+preset of the controller config; the scenario's ``gdro:`` overrides and the command line's
+``--set`` overrides are merged underneath it (the preset wins only on what defines the method:
+which adversaries are on and, for the ``rollout_gdro_*`` methods, the allocator).
+
+=========================  ======================================================================
+``grpo``                   plain GRPO: uniform n̄ rollouts, all advantage multipliers 1
+``prompt_gdro``            Prompt-GDRO (advantage reweighting), uniform rollouts
+``rollout_gdro_sqrt``      Rollout-GDRO with the shadow-price square-root law
+``rollout_gdro_bandit``    Rollout-GDRO with the paper's per-bin EXP3P + exact-budget DP
+``rollout_gdro_knapsack``  Rollout-GDRO with Knapsack-RL's value rule
+``joint``                  both adversaries (allocator and coupling from the config: verl_ext
+                           defaults unless overridden)
+=========================  ======================================================================
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+import yaml
+
+METHOD_PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {"prompt": {"enable": False}, "rollout": {"enable": False}},
+    "prompt_gdro": {"prompt": {"enable": True}, "rollout": {"enable": False}},
+    "rollout_gdro_sqrt": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "sqrt"}},
+    "rollout_gdro_bandit": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "bandit"}},
+    "rollout_gdro_knapsack": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "knapsack"}},
+    "joint": {"prompt": {"enable": True}, "rollout": {"enable": True}},
+}
+DEFAULT_METHODS = list(METHOD_PRESETS)
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; ``top`` wins."""
+    out = copy.deepcopy(dict(base))
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["prompt.loss_signal=failure_rate", "binner.num_bins=6"]`` → nested dict (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. prompt.loss_signal=failure_rate")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if parts and parts[0] == "gdro":
+            parts = parts[1:]
+        if len(parts) < 2 or parts[0] not in ("binner", "prompt", "rollout"):
+            raise ValueError(f"--set {item!r}: KEY must be binner.*, prompt.* or rollout.* (a verl_ext gdro key)")
+        if tuple(parts) in (("prompt", "enable"), ("rollout", "enable")):
+            raise ValueError(f"--set {item!r}: the enable flags are set by the method")
+        value = yaml.safe_load(raw)
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def build_gdro_dict(scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """The verl_ext ``gdro:`` mapping for one method of one run.
+
+    ``method`` is a preset name or an explicit preset mapping (used by the defaults sweep).
+    """
+    preset = METHOD_PRESETS[method] if isinstance(method, str) else dict(method)
+    d = deep_merge(scenario.gdro or {}, overrides or {})
+    d = deep_merge(d, {"rollout": {"n_mean": scenario.n_mean, "seed": int(seed)}})
+    # n_mean must stay within [n_min, n_max] even if the scenario's budget differs from the defaults.
+    r = d["rollout"]
+    r.setdefault("n_min", min(2, scenario.n_mean))
+    r.setdefault("n_max", max(12, 3 * scenario.n_mean))
+    return deep_merge(d, preset)

@@ -1,0 +1,304 @@
+"""Tests of the GDRO simulator (synthetic learner) and the plotting tool.
+
+Small scenarios and few steps keep the whole file well under a minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from recipe.gdro import plot as gdro_plot
+from recipe.gdro.metrics_io import append_metrics_jsonl
+from recipe.gdro.sim_methods import METHOD_PRESETS, parse_set_overrides
+from recipe.gdro.sim_scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
+from recipe.gdro.simulate import run_experiment, run_one
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny(**over):
+    """A small two-skill scenario: a common medium skill and a harder one."""
+    d = {
+        "name": "tiny",
+        "num_prompts": 240,
+        "num_eval_prompts": 200,
+        "batch_size": 24,
+        "n_mean": 4,
+        "lr": 0.02,
+        "transfer": 0.5,
+        "steps": 40,
+        "seeds": 1,
+        "skills": [
+            {"name": "common", "frequency": 0.8, "difficulty": {"mean": 0.0, "std": 1.0}},
+            {"name": "hard", "frequency": 0.2, "difficulty": {"mean": -1.5, "std": 1.0}},
+        ],
+    }
+    d.update(over)
+    return scenario_from_dict(d, source="tiny.yaml")
+
+
+RARE_HARD = {
+    "name": "rare_hard_small",
+    "num_prompts": 400,
+    "num_eval_prompts": 200,
+    "batch_size": 40,
+    "n_mean": 4,
+    "lr": 0.01,
+    "transfer": 0.6,
+    "steps": 80,
+    "seeds": 1,
+    "skills": [
+        {"name": "core", "frequency": 0.95, "difficulty": {"mean": 3.0, "std": 0.8}},
+        {"name": "rare_hard", "frequency": 0.05, "difficulty": {"mean": -1.5, "std": 0.5}},
+    ],
+}
+
+
+# ------------------------------------------------------------------------------------ learner
+def test_grpo_learner_improves_and_uses_verls_advantage(monkeypatch):
+    import verl.trainer.ppo.core_algos as core_algos
+
+    calls = []
+    real = core_algos.compute_grpo_outcome_advantage
+
+    def spy(*args, **kwargs):
+        calls.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core_algos, "compute_grpo_outcome_advantage", spy)
+    sc = tiny()
+    r = run_one(sc, "grpo", seed=0, steps=40)
+    acc = np.asarray(r["curves"]["mean_accuracy"])
+    assert acc[-1] > acc[0] + 0.10, f"plain GRPO did not improve the learner: {acc[0]:.3f} -> {acc[-1]:.3f}"
+    assert acc[-1] > acc[20] > acc[0]
+    # one call of verl's function per step, on the whole batch (B * n̄ responses)
+    assert calls == [sc.batch_size * sc.n_mean] * 40
+
+
+def test_total_rollouts_equal_across_methods(tmp_path):
+    sc = tiny()
+    res = run_experiment(sc, str(tmp_path), seeds=[0], steps=30, workers=1, progress=False, plots=False)
+    assert set(res["methods"]) == set(METHOD_PRESETS)
+    expected = 30 * sc.batch_size * sc.n_mean
+    assert res["equal_total_rollouts"] is True
+    for name, e in res["methods"].items():
+        assert e["total_rollouts"] == expected, name
+        # the recipe-format per-step file records the realised budget of every step
+        recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), e["metrics_files"][0]))
+        assert [r["sim/rollouts_total"] for r in recs] == [sc.batch_size * sc.n_mean] * 30
+    # the rollout methods really did vary the per-prompt counts (otherwise equality is trivial)
+    recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), res["methods"]["rollout_gdro_sqrt"]["metrics_files"][0]))
+    rpp = [v for r in recs for k, v in r.items() if k.endswith("/rollouts_per_prompt") and k.startswith("gdro/bin_") and np.isfinite(v)]
+    assert max(rpp) - min(rpp) > 0.5
+
+
+def test_rollout_gdro_gives_rare_hard_skill_more_compute_than_its_data_share():
+    sc = scenario_from_dict(RARE_HARD, source="rare_hard_small.yaml")
+    k = [s.name for s in sc.skills].index("rare_hard")
+    r = run_one(sc, "rollout_gdro_sqrt", seed=0, steps=80)
+    data, compute = r["skill_data_share"][k], r["skill_compute_share"][k]
+    assert compute > 1.3 * data, f"rare hard skill: compute share {compute:.3f} vs data share {data:.3f}"
+    # and uniform GRPO gives it exactly its data share
+    g = run_one(sc, "grpo", seed=0, steps=20)
+    assert g["skill_compute_share"][k] == pytest.approx(g["skill_data_share"][k])
+
+
+def test_rare_hard_skill_bins_get_compute_share_above_data_share(tmp_path):
+    """Bin view (what the plots show): the bins holding the rare skill's prompts, averaged over steps."""
+    sc = scenario_from_dict(RARE_HARD, source="rare_hard_small.yaml")
+    path = str(tmp_path / "m.jsonl")
+    run_one(sc, "rollout_gdro_sqrt", seed=0, steps=80, metrics_path=path)
+    s = gdro_plot.Series.from_records(gdro_plot.read_metrics_jsonl(path))
+    late = s.steps > 30  # after the first visits have binned the prompts
+    hard_bins = ["bin_01", "bin_02", "bin_03"]  # initial p of the rare skill is ~0.1-0.35; the core sits in bins 8-9
+    data = np.nansum([np.nan_to_num(s.values[f"gdro/{b}/data_share"][late]) for b in hard_bins], axis=0).mean()
+    comp = np.nansum([np.nan_to_num(s.values[f"gdro/{b}/compute_share"][late]) for b in hard_bins], axis=0).mean()
+    assert data > 0
+    assert comp > 1.3 * data, f"hard bins: compute share {comp:.3f} vs data share {data:.3f}"
+
+
+def test_reproducible_for_a_fixed_seed(tmp_path):
+    sc = tiny()
+    a = run_one(sc, "joint", seed=3, steps=15, metrics_path=str(tmp_path / "a.jsonl"))
+    b = run_one(sc, "joint", seed=3, steps=15, metrics_path=str(tmp_path / "b.jsonl"))
+    c = run_one(sc, "joint", seed=4, steps=15)
+    for key in a["curves"]:
+        assert np.array_equal(a["curves"][key], b["curves"][key], equal_nan=True), key
+    assert a["summary"] == b["summary"]
+    assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
+    assert a["curves"]["mean_accuracy"] != c["curves"]["mean_accuracy"]
+    # bandit (own RNG) is reproducible too
+    x = run_one(sc, "rollout_gdro_bandit", seed=1, steps=10)
+    y = run_one(sc, "rollout_gdro_bandit", seed=1, steps=10)
+    for key in x["curves"]:
+        assert np.array_equal(x["curves"][key], y["curves"][key], equal_nan=True), key
+
+
+def test_methods_share_batches_and_reward_draws():
+    """Common random numbers: with the same seed, GRPO and Prompt-GDRO see the same first step."""
+    sc = tiny()
+    a = run_one(sc, "grpo", seed=0, steps=1)
+    b = run_one(sc, "prompt_gdro", seed=0, steps=1)
+    # before any update the held-out accuracy is identical (same dataset for the same seed)
+    assert a["curves"]["mean_accuracy"][0] == b["curves"]["mean_accuracy"][0]
+
+
+# ------------------------------------------------------------------------------------ plotting
+def _capture_titles(monkeypatch):
+    titles = []
+    real_save = gdro_plot._save
+
+    def save(fig, path):
+        sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        titles.append((os.path.basename(path), sup + " " + " ".join(ax.get_title() for ax in fig.axes)))
+        return real_save(fig, path)
+
+    monkeypatch.setattr(gdro_plot, "_save", save)
+    return titles
+
+
+def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
+    titles = _capture_titles(monkeypatch)
+    sc = tiny()
+    out = tmp_path / "sim"
+    res = run_experiment(sc, str(out), methods=["grpo", "prompt_gdro", "rollout_gdro_sqrt"], seeds=[0, 1], steps=30,
+                         workers=1, progress=False, plots=True)
+    data = json.loads((out / "results.json").read_text())
+    assert data["synthetic_learner"] is True and "SYNTHETIC" in data["note"]
+    for e in data["methods"].values():
+        for key in ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "total_rollouts", "se_proxy_reduction_vs_uniform", "curves"):
+            assert key in e
+        assert len(e["curves"]["mean_accuracy"]["mean"]) == 31
+        assert e["mean_accuracy_std"] >= 0
+    assert data["methods"]["rollout_gdro_sqrt"]["se_proxy_reduction_vs_uniform"] != 0.0
+    report = (out / "report.md").read_text()
+    assert report.splitlines()[0].lower().count("synthetic") == 1 and "| rollout_gdro_sqrt |" in report
+    pngs = {p.name for p in out.glob("*.png")}
+    for name in ("accuracy_curves.png", "skill_compute_share.png", "prompt_gdro_traveling_wave.png", "grpo_bins.png",
+                 "rollout_gdro_sqrt_compute_share.png", "rollout_gdro_sqrt_rollouts_per_bin.png", "rollout_gdro_sqrt_mu.png"):
+        assert name in pngs and (out / name).stat().st_size > 5000, name
+    assert titles and all("synthetic" in t.lower() for _, t in titles), titles
+    assert res["methods"]["grpo"]["total_rollouts"] == 30 * sc.batch_size * sc.n_mean
+
+    # the standalone plotting tool re-renders a simulator folder
+    again = tmp_path / "replot"
+    assert gdro_plot.main([str(out), "--out", str(again)]) == 0
+    assert (again / "prompt_gdro_traveling_wave.png").stat().st_size > 5000
+
+
+def _fake_training_run(path: str, steps: int = 25) -> None:
+    """Drive a real GDROController with random outcomes and log it with the recipe's own writer."""
+    from verl_ext import GDROController, gdro_config_from_dict
+
+    cfg = gdro_config_from_dict({"prompt": {"enable": True}, "rollout": {"enable": True, "allocator": "sqrt"}})
+    ctl = GDROController(cfg, 200)
+    rng = np.random.default_rng(0)
+    p_true = rng.beta(0.7, 0.7, size=200)
+    for step in range(1, steps + 1):
+        ids = rng.choice(200, size=32, replace=False)
+        counts = ctl.schedule(ids)
+        rep = np.repeat(ids, counts)
+        acc = rng.random(len(rep)) < p_true[rep]
+        ctl.observe(rep, acc, response_abs_advantage=rng.random(len(rep)))
+        m = ctl.metrics()
+        if step == 1:
+            m["gdro/se_proxy_reduction"] = float("nan")  # a missing value, as a real run may log
+        append_metrics_jsonl(path, step, m)
+
+
+def test_plot_reads_a_recipe_metrics_file(tmp_path, monkeypatch):
+    titles = _capture_titles(monkeypatch)
+    run = tmp_path / "run" / "gdro_metrics.jsonl"
+    _fake_training_run(str(run))
+    assert "null" in run.read_text()  # NaN written as null by the recipe's writer
+    out = tmp_path / "plots"
+    assert gdro_plot.main([str(run), "--out", str(out)]) == 0
+    for name in ("traveling_wave.png", "weight_vs_share_per_bin.png", "rollouts_per_bin.png", "compute_share.png", "mu.png"):
+        assert (out / name).stat().st_size > 5000, name
+    # a real run is not labelled synthetic
+    assert titles and all("synthetic" not in t.lower() for _, t in titles)
+
+
+def test_plot_cli_errors(tmp_path):
+    assert gdro_plot.main([str(tmp_path / "missing.jsonl")]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1, "gdro/mu": 0.1}\nnot json\n{"step": 3}\n')
+    assert gdro_plot.main([str(bad), "--out", str(tmp_path / "o")]) == 2
+
+
+# ------------------------------------------------------------------------------------ scenarios / CLI
+def test_shipped_scenarios_load():
+    names = shipped_scenarios()
+    assert {"dapo_like", "rare_hard_skill", "unsolvable_share"} <= set(names)
+    for n in names:
+        sc = load_scenario(n)
+        assert sc.skills and sc.batch_size <= sc.num_prompts
+    assert load_scenario(None).name == "dapo_like"
+
+
+@pytest.mark.parametrize(
+    "patch, needle",
+    [
+        ({"batch_sise": 3}, "batch_sise"),
+        ({"lr": "fast"}, "lr='fast'"),
+        ({"steps": 0}, "steps=0"),
+        ({"skills": [{"name": "a", "frequency": -1, "difficulty": {"mean": 0, "std": 1}}]}, "skills[0].frequency"),
+        ({"skills": [{"name": "a", "frequency": 1, "difficulty": {"mean": 0, "sd": 1}}]}, "skills[0].difficulty.sd"),
+        ({"skills": [{"name": "a", "frequency": 1, "difficulty": {"mixture": [{"weight": 1, "mean": 0}]}}]}, "skills[0].difficulty.mixture[0].std"),
+        ({"skills": [{"name": "a b", "frequency": 1, "difficulty": {"mean": 0, "std": 1}}]}, "skills[0].name"),
+        ({"gdro": {"prompt": {"loss_signal": "bogus"}}}, "prompt.loss_signal"),
+        ({"gdro": {"binner": {"windo": 5}}}, "gdro.binner.windo"),
+        ({"gdro": {"prompt": {"enable": True}}}, "gdro.prompt.enable"),
+        ({"batch_size": 10_000}, "batch_size=10000"),
+    ],
+)
+def test_scenario_errors_name_the_key(patch, needle):
+    base = {
+        "num_prompts": 100, "batch_size": 10, "lr": 0.1, "steps": 5,
+        "skills": [{"name": "a", "frequency": 1, "difficulty": {"mean": 0, "std": 1}}],
+    }
+    base.update(patch)
+    with pytest.raises(ScenarioError) as e:
+        scenario_from_dict(base, source="bad.yaml")
+    assert needle in str(e.value) and "bad.yaml" in str(e.value)
+
+
+def test_set_overrides_parse_and_reject():
+    assert parse_set_overrides(["prompt.loss_signal=failure_rate", "binner.num_bins=6"]) == {
+        "prompt": {"loss_signal": "failure_rate"}, "binner": {"num_bins": 6}}
+    with pytest.raises(ValueError, match="enable"):
+        parse_set_overrides(["prompt.enable=true"])
+    with pytest.raises(ValueError, match="KEY"):
+        parse_set_overrides(["foo.bar=1"])
+
+
+def test_cli_end_to_end(tmp_path):
+    scen = tmp_path / "mini.yaml"
+    d = {
+        "name": "mini", "num_prompts": 120, "num_eval_prompts": 60, "batch_size": 12, "lr": 0.02, "steps": 8, "seeds": 1,
+        "skills": [{"name": "a", "frequency": 3, "difficulty": {"mean": 0, "std": 1}},
+                   {"name": "b", "frequency": 1, "difficulty": {"mixture": [{"weight": 1, "mean": -2, "std": 1}, {"weight": 1, "mean": 1, "std": 0.5}]}, "unsolvable": 0.1}],
+    }
+    scen.write_text(yaml.safe_dump(d))
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "recipe.gdro.simulate", "--scenario", str(scen), "--out", str(out), "--seeds", "2",
+           "--methods", "grpo", "joint", "--set", "binner.num_bins=6", "--workers", "2"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "synthetic learner" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["seeds"] == [0, 1] and set(res["methods"]) == {"grpo", "joint"}
+    assert res["methods"]["joint"]["gdro_config"]["binner"]["num_bins"] == 6
+    assert (out / "metrics" / "joint" / "seed1.jsonl").exists()
+    assert (out / "joint_traveling_wave.png").stat().st_size > 5000
+
+    bad = subprocess.run([sys.executable, "-m", "recipe.gdro.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no_such_scenario" in bad.stderr
