@@ -4,7 +4,7 @@
 #
 # The paper's protocol (App. A.1: 256 prompts x 4 rollouts, 1000 steps, lr 1e-6, KL loss 0.001,
 # clip 0.2/0.28, validation n=8 @ T=0.6/top-p 0.8/top-k 20 every 50 steps on the seven sets) and
-# this size's GPU layout are in run_scripts/common/gdro_common.sh; docs/run_scripts.md explains
+# this size's GPU layout are in run_scripts/common/gdro_common.sh; the README ("Reproducing the paper") explains
 # every environment variable.
 #
 #   bash run_scripts/qwen3_4b_rollout_gdro.sh                          # 1 node x 8 GPUs (80 GB)

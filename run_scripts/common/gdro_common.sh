@@ -381,13 +381,13 @@ gdro_launch() {
   or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=1 checks the config without data)."
     fi
     if ((nnodes > 1)) && command -v ray >/dev/null 2>&1 && ! ray status >/dev/null 2>&1; then
-      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see docs/run_scripts.md), or set RAY_ADDRESS"
+      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see the README, "Reproducing the paper"), or set RAY_ADDRESS"
     fi
   fi
 
   local python="${PYTHON:-python3}"
   # Make the repository importable even if it is not pip-installed on this node (Ray workers on
-  # other nodes still need `pip install -e .` there; see docs/run_scripts.md).
+  # other nodes still need `pip install -e .` there; see the README, "Reproducing the paper").
   export PYTHONPATH="$GDRO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
   gdro_log "qwen3 $size / $method | model $model_path | $nnodes node(s) x $gpus GPU(s) | run $project/$experiment$( ((dry)) && echo ' | DRY RUN')"
   gdro_log "checkpoints + gdro_metrics.jsonl: $ckpt_dir/$project/$experiment"
