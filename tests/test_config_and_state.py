@@ -99,3 +99,19 @@ def test_state_is_plain_picklable_and_checks_shape():
     bigger = GDROController(gdro_config_from_dict({}), 11)
     with pytest.raises(ValueError, match="num_prompts=10"):
         bigger.load_state_dict(state)
+
+
+def test_atomic_replace_keeps_the_old_file_when_writing_fails(tmp_path):
+    from verl_ext.atomic import atomic_replace
+
+    target = tmp_path / "gdro_state.pkl"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="No space"):
+        with atomic_replace(target) as f:
+            f.write(b"half")
+            raise OSError(28, "No space left on device")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["gdro_state.pkl"]
+    with atomic_replace(target, "w") as f:
+        f.write("new")
+    assert target.read_text() == "new"

@@ -18,13 +18,12 @@ With an adversary disabled its part is skipped: ``schedule`` returns n̄ for eve
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from typing import Any, Optional
 
 import numpy as np
 
+from verl_ext.atomic import atomic_replace
 from verl_ext.binner import OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
 from verl_ext.config import GDROConfig, gdro_config_to_dict
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
@@ -176,19 +175,8 @@ class GDROController:
 
     def save(self, path: str) -> None:
         """Write the state atomically: a temporary file in the same folder, then a rename."""
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gdro_state.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(self.state_dict(), f, protocol=pickle.HIGHEST_PROTOCOL)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_replace(path, "wb") as f:
+            pickle.dump(self.state_dict(), f, protocol=pickle.HIGHEST_PROTOCOL)
 
     def load(self, path: str) -> None:
         with open(path, "rb") as f:

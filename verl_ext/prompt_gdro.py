@@ -61,8 +61,6 @@ class PromptGDRO:
         self.config = config
         self.num_groups = int(num_groups)
         self.scores = np.zeros(self.num_groups, dtype=np.float64)  # S(b)
-        self.last_loss = np.full(self.num_groups, np.nan)  # ℓ̄_t(b), NaN when absent
-        self.last_share = np.zeros(self.num_groups)  # q̂_t(b)
         self.num_nonfinite_losses = 0
         self.steps = 0
 
@@ -93,8 +91,6 @@ class PromptGDRO:
         mean_loss = np.divide(total, count, out=np.full(self.num_groups, np.nan), where=present)
         beta = self.config.beta
         self.scores[present] = (1.0 - beta) * self.scores[present] + beta * mean_loss[present] / share[present]
-        self.last_loss = mean_loss
-        self.last_share = np.where(present, count / max(count.sum(), 1.0), 0.0)
         self.steps += 1
         return self.group_probabilities()
 
@@ -116,8 +112,6 @@ class PromptGDRO:
     def state_dict(self) -> dict[str, Any]:
         return {
             "scores": self.scores.copy(),
-            "last_loss": self.last_loss.copy(),
-            "last_share": self.last_share.copy(),
             "num_nonfinite_losses": self.num_nonfinite_losses,
             "steps": self.steps,
         }
@@ -127,7 +121,5 @@ class PromptGDRO:
         if scores.shape != (self.num_groups,):
             raise ValueError(f"prompt_gdro checkpoint has {scores.shape[0]} groups; this run has {self.num_groups}")
         self.scores = scores.copy()
-        self.last_loss = np.asarray(state["last_loss"], dtype=np.float64).copy()
-        self.last_share = np.asarray(state["last_share"], dtype=np.float64).copy()
         self.num_nonfinite_losses = int(state["num_nonfinite_losses"])
         self.steps = int(state["steps"])

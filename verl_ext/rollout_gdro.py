@@ -111,7 +111,6 @@ class RolloutGDRO:
         self.log_mu = np.nan if config.mu_init is None else float(np.log(config.mu_init))
         self.arms = np.arange(config.n_min, config.n_max + 1)
         self.arm_scores = np.zeros((self.num_groups, len(self.arms)))  # EMA of the rescaled Lagrangian loss
-        self.arm_choice = np.full(self.num_groups, -1, dtype=np.int64)  # arm index used last step
         self.rng = np.random.default_rng(config.seed)
         self.last: dict[str, Any] = {}
         self.steps = 0
@@ -127,8 +126,7 @@ class RolloutGDRO:
     def _clearing_log_mu(self, v: np.ndarray, budget: int) -> float:
         """log μ at which Σ_i clip(√(v_i/μ), n_min, n_max) equals ``budget`` (bisection)."""
         c = self.config
-        lo = np.log(v.min() / c.n_max**2) - 1.0  # every prompt at n_max
-        hi = np.log(v.max() / c.n_min**2) + 1.0  # every prompt at n_min
+        lo, hi = self._log_mu_bounds()
         for _ in range(60):
             mid = 0.5 * (lo + hi)
             total = np.clip(np.sqrt(v / np.exp(mid)), c.n_min, c.n_max).sum()
@@ -164,8 +162,9 @@ class RolloutGDRO:
         c = self.config
         if not np.isfinite(self.log_mu):
             self.log_mu = self._clearing_log_mu(v, budget)
-        present = np.flatnonzero(np.bincount(groups, minlength=self.num_groups))
-        counts = np.bincount(groups, minlength=self.num_groups)[present]
+        per_group = np.bincount(groups, minlength=self.num_groups)
+        present = np.flatnonzero(per_group)
+        counts = per_group[present]
         value = np.log(self.arm_probabilities()[present]) + self.rng.gumbel(size=(len(present), len(self.arms)))
         # Exact-budget DP over bins: best[t] = max Σ |B_b| value_b(n_b) over bins so far with Σ |B_b| n_b = t.
         best = np.full(budget + 1, -np.inf)
@@ -186,8 +185,6 @@ class RolloutGDRO:
             a = choice[j, t]
             arm_of[present[j]] = a
             t -= int(counts[j] * self.arms[a])
-        self.arm_choice = np.full(self.num_groups, -1, dtype=np.int64)
-        self.arm_choice[present] = arm_of[present]
         # Budget pressure: the mean of the arms the bins prefer, without the budget.
         wanted = self.arms[np.argmin(self.arm_scores[present], axis=1)]
         return self.arms[arm_of[groups]], float((counts * wanted).sum() / counts.sum())
@@ -272,7 +269,6 @@ class RolloutGDRO:
             "observed": self.observed.copy(),
             "log_mu": float(self.log_mu),
             "arm_scores": self.arm_scores.copy(),
-            "arm_choice": self.arm_choice.copy(),
             "rng": self.rng.bit_generator.state,
             "steps": self.steps,
         }
@@ -288,6 +284,5 @@ class RolloutGDRO:
         self.observed = np.asarray(state["observed"], dtype=bool).copy()
         self.log_mu = float(state["log_mu"])
         self.arm_scores = arm_scores.copy()
-        self.arm_choice = np.asarray(state["arm_choice"], dtype=np.int64).copy()
         self.rng.bit_generator.state = state["rng"]
         self.steps = int(state["steps"])

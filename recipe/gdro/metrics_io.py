@@ -13,7 +13,7 @@ drops the lines of steps > N (:func:`rewind_metrics_jsonl`) so the file never ho
 :func:`read_metrics_jsonl` additionally keeps only the last line per step, so a file copied from an
 interrupted run still reads cleanly.
 
-Standard library only: the plotting tool imports this module without verl.
+No verl import: the plotting tool reads these files without verl.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any, Mapping
+
+from verl_ext.atomic import atomic_replace
 
 __all__ = ["append_metrics_jsonl", "read_metrics_jsonl", "rewind_metrics_jsonl", "metrics_record"]
 
@@ -117,14 +118,6 @@ def rewind_metrics_jsonl(path: str | os.PathLike, last_step: int) -> int:
         else:
             keep.append(line if line.endswith("\n") else line + "\n")
     if dropped:
-        folder = os.path.dirname(os.path.abspath(os.fspath(path)))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".gdro_metrics.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(keep)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        with atomic_replace(path, "w") as f:
+            f.writelines(keep)
     return dropped

@@ -216,7 +216,8 @@ class GDROTrainerSync(PPOTrainerSync):
             elif turn > session_final[s][0]:
                 session_final[s] = (turn, local)
             session_of_row.append(s)
-        session_uids = [uid for (uid, _), _s in sorted(session_index.items(), key=lambda kv: kv[1])]
+        sessions = list(session_index)  # insertion order = session number s
+        session_uids = [uid for uid, _ in sessions]
         missing = [u for u in dict.fromkeys(session_uids) if u not in self._gdro_uid_map]
         if missing:
             raise RuntimeError(
@@ -259,7 +260,7 @@ class GDROTrainerSync(PPOTrainerSync):
         # 3. the controller: per-session (= per-response) multipliers. Responses are fed in a canonical
         #    (prompt id, session) order, so the state does not depend on TransferQueue's key order and a
         #    resumed run reproduces the uninterrupted one bit for bit.
-        session_ids = np.array([_session_number(sid) for (_, sid), _s in sorted(session_index.items(), key=lambda kv: kv[1])])
+        session_ids = np.array([_session_number(sid) for _, sid in sessions])
         order = np.lexsort((session_ids, session_pid))
         observed = self.gdro.observe(session_pid[order], acc[order], None if abs_adv is None else abs_adv[order])
         multipliers = np.empty(len(order), dtype=np.float64)
