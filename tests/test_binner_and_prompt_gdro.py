@@ -99,7 +99,7 @@ def test_nonfinite_rewards_count_as_incorrect_and_are_reported():
     assert correct.tolist() == [1, 0] and rollouts.tolist() == [3, 1]
     assert nonfinite == 2
     ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 10)
-    mult = ctl.observe([7, 7, 7, 2, 2], [1.0, np.nan, np.inf, -1.0, 1.0])
+    mult = ctl.observe([7, 7, 7, 2, 2], [1.0, np.nan, np.inf, -1.0, 1.0], [1.0, np.nan, 0.5, 0.5, 0.5])
     assert np.all(np.isfinite(mult))
     assert ctl.metrics()["gdro/binner/nonfinite_rewards"] == 2
 
@@ -126,7 +126,7 @@ def test_persistently_hard_bin_gains_weight():
 
 def test_debiasing_lifts_rare_hard_bin_over_common_one():
     """Bin 0 is rare (5%) with high mean loss; bin 1 is common (95%) with lower mean loss."""
-    pg = PromptGDRO(PromptGDROConfig(enable=True), num_groups=2)
+    pg = PromptGDRO(PromptGDROConfig(enable=True, normalize="all_responses"), num_groups=2)
     groups = np.array([0] * 5 + [1] * 95)
     losses = np.where(groups == 0, 0.25, 0.2)
     for _ in range(10):
@@ -143,7 +143,7 @@ def test_debiasing_lifts_rare_hard_bin_over_common_one():
 
 
 def test_weights_finite_under_extreme_and_nan_inputs():
-    cfg = PromptGDROConfig(enable=True, weight_cap=15.0)
+    cfg = PromptGDROConfig(enable=True, weight_cap=15.0, normalize="all_responses")
     pg = PromptGDRO(cfg, num_groups=4)
     groups = np.array([0, 1, 2, 3, 3, 3])
     for losses in ([1e300, -1e300, np.nan, np.inf, 0, 0], [np.nan] * 6, [1e9, 0, 0, 0, 0, 0]):
@@ -156,12 +156,12 @@ def test_weights_finite_under_extreme_and_nan_inputs():
 
 
 def test_multipliers_mean_one_and_capped():
-    pg = PromptGDRO(PromptGDROConfig(enable=True, weight_cap=3.0), num_groups=3)
+    pg = PromptGDRO(PromptGDROConfig(enable=True, weight_cap=3.0, normalize="all_responses"), num_groups=3)
     pg.scores[:] = [5.0, 0.0, 0.0]
     groups = np.array([0] + [1] * 20 + [2] * 20)
     mult = pg.response_multipliers(groups)
     assert mult[0] == 3.0  # capped
-    pg2 = PromptGDRO(PromptGDROConfig(enable=True, weight_cap=100.0), num_groups=3)
+    pg2 = PromptGDRO(PromptGDROConfig(enable=True, weight_cap=100.0, normalize="all_responses"), num_groups=3)
     pg2.scores[:] = [1.0, 0.5, 0.0]
     assert pg2.response_multipliers(groups).mean() == pytest.approx(1.0)
 
@@ -188,7 +188,10 @@ def test_loss_signals():
 
 def test_joint_coupling_divides_by_allocation():
     cfg = gdro_config_from_dict(
-        {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True}}
+        {
+            "prompt": {"enable": True, "rollout_coupling": "divide_by_allocation", "normalize": "all_responses"},
+            "rollout": {"enable": True},
+        }
     )
     ctl = GDROController(cfg, 10)
     # Two prompts in the same (unseen) group, 2 and 6 rollouts: per-response weight ∝ 4/n.
@@ -201,7 +204,7 @@ def test_adversary_weight_metric_is_relative_to_groups_in_batch():
     rng = np.random.default_rng(0)
     for _ in range(6):
         ids = rng.choice(100, 16, replace=False)
-        ctl.observe(np.repeat(ids, 4), rng.random(64) < 0.5)
+        ctl.observe(np.repeat(ids, 4), rng.random(64) < 0.5, rng.random(64))
     m = ctl.metrics()
     present = [k for k in m if k.endswith("/adversary_weight")]
     shares = [m[k.replace("adversary_weight", "data_share")] for k in present]

@@ -139,6 +139,11 @@ class OnlineDifficultyBinner:
     def visits_of(self, prompt_ids: np.ndarray) -> np.ndarray:
         return self._visits[np.asarray(prompt_ids, dtype=np.int64)].copy()
 
+    def window_sums(self, prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(Σ correct, Σ rollouts) over each prompt's window (zeros for a prompt never seen)."""
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        return self._sum_correct[ids].copy(), self._sum_rollouts[ids].copy()
+
     def seen_fraction(self) -> float:
         return float(np.count_nonzero(self._visits)) / self.num_prompts
 

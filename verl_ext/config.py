@@ -22,6 +22,8 @@ LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
 ALLOCATORS = ("sqrt", "bandit", "knapsack", "uniform")
 UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
+NORMALIZE_MODES = ("advantage_mass", "all_responses")
+VARIANCE_SOURCES = ("bin", "prompt")
 
 
 class GDROConfigError(ValueError):
@@ -118,6 +120,16 @@ class PromptGDROConfig:
         rollout_coupling: joint mode only. ``divide_by_allocation`` divides a prompt's weight
             by n(x)/n̄ so a prompt given more rollouts does not also get more total weight
             through its extra tokens; ``none`` leaves weights as they are.
+        normalize: how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A|
+            over the batch, so Prompt-GDRO changes the update's direction, not its size (needs
+            |A| per response). ``all_responses``: mean 1 over all responses (the released code's;
+            zero-advantage groups make it a larger step size).
+        lagged: weights from the scores before this step's update (the step's own outcomes do
+            not scale its own advantages); false uses the updated scores.
+        min_group_prompts: k0, evidence pseudo-count. A bin with c prompts in the batch moves
+            its score by β·c/(c+k0) of the way to its debiased loss (c/(c+k0) at its first
+            observation, from the batch's reference level), so a bin holding one prompt, or the
+            few unseen prompts left after an epoch, cannot swing a weight. 0 = Eq. 14 as printed.
     """
 
     enable: bool = False
@@ -129,10 +141,19 @@ class PromptGDROConfig:
     share_floor: float = 0.01
     loss_signal: str = "learnability"
     rollout_coupling: str = "none"
+    normalize: str = "advantage_mass"
+    lagged: bool = False
+    min_group_prompts: float = 8.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             _fail("prompt.enable", self.enable, "must be true or false")
+        if not isinstance(self.lagged, bool):
+            _fail("prompt.lagged", self.lagged, "must be true or false")
+        if self.normalize not in NORMALIZE_MODES:
+            _fail("prompt.normalize", self.normalize, f"must be one of {NORMALIZE_MODES}")
+        if not (isinstance(self.min_group_prompts, (int, float)) and 0 <= self.min_group_prompts < math.inf):
+            _fail("prompt.min_group_prompts", self.min_group_prompts, "must be a finite number >= 0")
         _check_positive("prompt.eta", self.eta)
         _check_unit("prompt.gamma", self.gamma)
         _check_unit("prompt.beta", self.beta, open_low=True)
@@ -168,6 +189,10 @@ class RolloutGDROConfig:
         variance_prior: v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first
             observation replaces it.
         variance_floor: lower bound on v_b, so a solved bin still has a finite price.
+        variance_source: the variance the ``sqrt`` allocator and the exact-budget repair use per
+            prompt. ``bin``: the bin's v_b. ``prompt``: the prompt's own windowed variance shrunk
+            toward v_b (see :meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`).
+        variance_shrinkage: κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.
         bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
             bin), exploration and EMA rate of the ``bandit`` allocator's per-(bin, arm) scores.
         seed: RNG seed (the bandit's exploration; ties).
@@ -183,6 +208,8 @@ class RolloutGDROConfig:
     variance_beta: float = 0.1
     variance_prior: float = 0.25
     variance_floor: float = 1e-3
+    variance_source: str = "bin"
+    variance_shrinkage: float = 8.0
     bandit_eta: float = 5.0
     bandit_gamma: float = 0.05
     bandit_beta: float = 0.12
@@ -211,6 +238,10 @@ class RolloutGDROConfig:
         _check_unit("rollout.variance_beta", self.variance_beta, open_low=True)
         _check_unit("rollout.variance_prior", self.variance_prior, open_low=True)
         _check_unit("rollout.variance_floor", self.variance_floor, open_low=True)
+        if self.variance_source not in VARIANCE_SOURCES:
+            _fail("rollout.variance_source", self.variance_source, f"must be one of {VARIANCE_SOURCES}")
+        if not (isinstance(self.variance_shrinkage, (int, float)) and 0 <= self.variance_shrinkage < math.inf):
+            _fail("rollout.variance_shrinkage", self.variance_shrinkage, "must be a finite number >= 0")
         _check_positive("rollout.bandit_eta", self.bandit_eta)
         _check_unit("rollout.bandit_gamma", self.bandit_gamma)
         _check_unit("rollout.bandit_beta", self.bandit_beta, open_low=True)

@@ -27,9 +27,10 @@ from verl_ext.atomic import atomic_replace
 from verl_ext.binner import OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
 from verl_ext.config import GDROConfig, gdro_config_to_dict
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
-from verl_ext.rollout_gdro import RolloutGDRO
+from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality
 
-STATE_VERSION = 1
+# 2: Prompt-GDRO keeps per-group ``observed`` flags (scores start from a bin's first observation).
+STATE_VERSION = 2
 
 
 class GDROController:
@@ -43,6 +44,7 @@ class GDROController:
         self.rollout = RolloutGDRO(config.rollout, self.num_groups)
         self.step = 0
         self._metrics: dict[str, float] = {}
+        self._schedule_metrics: dict[str, float] = {}  # allocation quality of the last schedule()
 
     # ------------------------------------------------------------------ names
     def group_names(self) -> list[str]:
@@ -56,10 +58,20 @@ class GDROController:
         """Rollout count per prompt for the next generation; Σ = len(prompt_ids) · n̄ exactly."""
         ids = check_prompt_ids(prompt_ids, num_prompts=self.binner.num_prompts, what="batch prompt ids")
         groups = self.binner.groups_of(ids)
-        if self.config.rollout.enable:
-            counts = self.rollout.allocate(groups, self.binner.accuracy_of(ids))
+        rc = self.config.rollout
+        window_correct, window_rollouts = self.binner.window_sums(ids)
+        # Per-prompt variance estimate (empirical Bayes, shrunk toward v_b): the allocator's input
+        # with variance_source=prompt, and always the yardstick of the gdro/se/* metrics.
+        v_prompt = self.rollout.prompt_variance_estimate(groups, window_correct, window_rollouts)
+        if rc.enable:
+            accuracy = self.binner.accuracy_of(ids) if rc.allocator == "knapsack" else None
+            counts = self.rollout.allocate(groups, accuracy, v_prompt if rc.variance_source == "prompt" else None)
         else:
-            counts = np.full(len(ids), self.config.rollout.n_mean, dtype=np.int64)
+            counts = np.full(len(ids), rc.n_mean, dtype=np.int64)
+        if len(ids):
+            quality = allocation_quality(counts, v_prompt, rc.n_mean, rc.n_min, rc.n_max)
+            self._schedule_metrics = {f"gdro/se/{k}": v for k, v in quality.items()}
+            self._schedule_metrics["gdro/se/seen_share"] = float(np.count_nonzero(window_rollouts)) / len(ids)
         return counts
 
     def observe(
@@ -74,38 +86,49 @@ class GDROController:
             response_prompt_ids: the prompt id of each response (padding rows excluded).
             response_correct: verl's boolean ``acc`` per response, or a reward where > 0 is
                 correct; NaN/inf count as incorrect and are reported in the metrics.
-            response_abs_advantage: |A| per response (needed by ``loss_signal=mean_abs_advantage``).
+            response_abs_advantage: |A| per response (GRPO's per-response scalar). Needed by
+                ``prompt.normalize=advantage_mass`` and ``loss_signal=mean_abs_advantage`` when
+                Prompt-GDRO is on; always used for ``gdro/prompt/advantage_mass_ratio``.
         """
+        cfg = self.config
+        if response_abs_advantage is None and cfg.prompt.enable:
+            for needs, key in ((cfg.prompt.normalize == "advantage_mass", "gdro.prompt.normalize=advantage_mass"),
+                               (cfg.prompt.loss_signal == "mean_abs_advantage", "gdro.prompt.loss_signal=mean_abs_advantage")):
+                if needs:
+                    raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
         pid = np.asarray(response_prompt_ids, dtype=np.int64)
         ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
         check_prompt_ids(ids, num_prompts=self.binner.num_prompts, what="response prompt ids")
         groups = self.binner.groups_of(ids)  # bins before this visit = the bins it was scheduled in
 
-        mean_abs_adv = None
+        mean_abs_adv = abs_adv = None
         if response_abs_advantage is not None:
             abs_adv = np.abs(np.asarray(response_abs_advantage, dtype=np.float64))
+            if abs_adv.shape != pid.shape:
+                raise ValueError(f"observe: {abs_adv.shape[0]} |advantage| values for {pid.shape[0]} responses")
             mean_abs_adv = np.bincount(inverse, weights=abs_adv, minlength=len(ids)) / rollouts
 
-        cfg = self.config
         if cfg.prompt.enable:
-            losses = prompt_loss(cfg.prompt.loss_signal, correct, rollouts, mean_abs_adv)
+            # Joint mode: n varies per prompt, so learnability uses the unbiased n/(n-1) form.
+            losses = prompt_loss(cfg.prompt.loss_signal, correct, rollouts, mean_abs_adv, unbiased=cfg.rollout.enable)
+            before = self.prompt.group_probabilities() if cfg.prompt.lagged else None
             self.prompt.update(groups, losses)
             scale = None
             if cfg.rollout.enable and cfg.prompt.rollout_coupling == "divide_by_allocation":
                 scale = cfg.rollout.n_mean / rollouts[inverse]
-            multipliers = self.prompt.response_multipliers(groups[inverse], scale)
+            multipliers = self.prompt.response_multipliers(groups[inverse], scale, abs_adv, probabilities=before)
         else:
             multipliers = np.ones(len(pid))
-        if cfg.rollout.enable:
-            self.rollout.observe(groups, correct, rollouts)
+        self.rollout.observe(groups, correct, rollouts, update_allocator=cfg.rollout.enable)
         update = self.binner.update(ids, correct, rollouts, num_nonfinite=nonfinite)
 
-        self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update)
+        self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update, abs_adv)
+        self._schedule_metrics = {}
         self.step += 1
         return multipliers
 
     # ------------------------------------------------------------------ metrics
-    def _step_metrics(self, groups, correct, rollouts, multipliers, response_groups, update) -> dict[str, float]:
+    def _step_metrics(self, groups, correct, rollouts, multipliers, response_groups, update, abs_adv) -> dict[str, float]:
         G = self.num_groups
         n_prompts = max(len(groups), 1)
         prompt_count = np.bincount(groups, minlength=G)
@@ -137,6 +160,13 @@ class GDROController:
             m["gdro/se_proxy"] = last["se_proxy"]
             m["gdro/se_proxy_uniform"] = last["se_proxy_uniform"]
             m["gdro/se_proxy_reduction"] = 1.0 - last["se_proxy"] / last["se_proxy_uniform"]
+        m.update(self._schedule_metrics)
+        if abs_adv is not None:
+            # Σ|A·m| / Σ|A|: how much Prompt-GDRO changes the update's size (1 = direction only).
+            mass = abs_adv.sum()
+            m["gdro/prompt/advantage_mass_ratio"] = float((abs_adv * multipliers).sum() / mass) if mass > 0 else 1.0
+        else:
+            m["gdro/prompt/advantage_mass_ratio"] = 1.0 if not self.config.prompt.enable else float("nan")
         m["gdro/rollouts_per_prompt"] = float(rollouts.mean()) if len(rollouts) else 0.0
         m["gdro/multiplier_max"] = float(multipliers.max()) if len(multipliers) else 1.0
         m["gdro/multiplier_min"] = float(multipliers.min()) if len(multipliers) else 1.0
@@ -166,7 +196,11 @@ class GDROController:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"GDRO state version {state.get('version')!r} is not {STATE_VERSION}")
+            raise ValueError(
+                f"GDRO state version {state.get('version')!r} is not {STATE_VERSION}: this checkpoint was written by "
+                "an older verl_ext whose controller state this version cannot continue exactly; resume with that "
+                "version or start the GDRO state afresh (delete gdro_state.pkl)"
+            )
         self.binner.load_state_dict(state["binner"])
         self.prompt.load_state_dict(state["prompt"])
         self.rollout.load_state_dict(state["rollout"])
