@@ -64,12 +64,26 @@ def _run(ctl, rng_seed, steps, num_prompts, start=0):
     return out
 
 
-@pytest.mark.parametrize("allocator", ["sqrt", "bandit", "knapsack"])
-def test_state_round_trip_is_exact(tmp_path, allocator):
+@pytest.mark.parametrize(
+    "allocator, prompt_extra, rollout_extra",
+    [
+        ("sqrt", {}, {}),
+        ("bandit", {}, {}),
+        ("knapsack", {}, {}),
+        ("sqrt", {"lagged": True, "loss_signal": "learnability"}, {"variance_source": "prompt"}),
+        ("bandit", {"normalize": "all_responses", "min_group_prompts": 0.0}, {"variance_source": "prompt"}),
+    ],
+)
+def test_state_round_trip_is_exact(tmp_path, allocator, prompt_extra, rollout_extra):
     section = {
         "binner": {"window": 4, "hysteresis": 0.03},
-        "prompt": {"enable": True, "loss_signal": "mean_abs_advantage", "rollout_coupling": "divide_by_allocation"},
-        "rollout": {"enable": True, "allocator": allocator, "seed": 7},
+        "prompt": {
+            "enable": True,
+            "loss_signal": "mean_abs_advantage",
+            "rollout_coupling": "divide_by_allocation",
+            **prompt_extra,
+        },
+        "rollout": {"enable": True, "allocator": allocator, "seed": 7, **rollout_extra},
     }
     N, k, P = 12, 5, 200
     straight = _run(GDROController(gdro_config_from_dict(section), P), 3, N, P)
@@ -88,6 +102,15 @@ def test_state_round_trip_is_exact(tmp_path, allocator):
         assert met1.keys() == met2.keys()
         for key in met1:
             assert met1[key] == met2[key] or (np.isnan(met1[key]) and np.isnan(met2[key])), key
+
+
+def test_old_state_version_fails_with_a_clear_message():
+    ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 10)
+    state = ctl.state_dict()
+    assert state["version"] == 2 and "observed" in state["prompt"]
+    state["version"] = 1
+    with pytest.raises(ValueError, match=r"version 1 is not 2.*older verl_ext"):
+        ctl.load_state_dict(state)
 
 
 def test_state_is_plain_picklable_and_checks_shape():

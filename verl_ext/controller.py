@@ -32,6 +32,18 @@ from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality
 # 2: Prompt-GDRO keeps per-group ``observed`` flags (scores start from a bin's first observation).
 STATE_VERSION = 2
 
+# allocation_quality() keys → gdro/se/<name> (measured with the controller's per-prompt estimates).
+_SE_METRIC_NAMES = {
+    "se_proxy": "proxy",
+    "se_proxy_uniform": "proxy_uniform",
+    "se_proxy_oracle": "proxy_oracle",
+    "se_reduction": "reduction",
+    "variance_reduction": "variance_reduction",
+    "oracle_se_reduction": "oracle_reduction",
+    "oracle_variance_reduction": "oracle_variance_reduction",
+    "efficiency": "efficiency",
+}
+
 
 class GDROController:
     """Driver-side GDRO state for a dataset of ``num_prompts`` prompts with ids 0..num_prompts-1."""
@@ -70,7 +82,7 @@ class GDROController:
             counts = np.full(len(ids), rc.n_mean, dtype=np.int64)
         if len(ids):
             quality = allocation_quality(counts, v_prompt, rc.n_mean, rc.n_min, rc.n_max)
-            self._schedule_metrics = {f"gdro/se/{k}": v for k, v in quality.items()}
+            self._schedule_metrics = {f"gdro/se/{_SE_METRIC_NAMES[k]}": v for k, v in quality.items()}
             self._schedule_metrics["gdro/se/seen_share"] = float(np.count_nonzero(window_rollouts)) / len(ids)
         return counts
 

@@ -1,0 +1,113 @@
+"""Rollout-GDRO per-prompt variance (gdro.rollout.variance_source=prompt) and allocation_quality."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from verl_ext import GDROController, RolloutGDRO, RolloutGDROConfig, gdro_config_from_dict
+from verl_ext.rollout_gdro import allocation_quality, oracle_allocation
+
+
+def _brute_force_optimum(v, n_mean, n_min, n_max):
+    best = np.inf
+    for n in itertools.product(range(n_min, n_max + 1), repeat=len(v)):
+        if sum(n) == len(v) * n_mean:
+            best = min(best, float((np.asarray(v) / np.asarray(n)).sum()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_oracle_is_the_exact_integer_optimum(seed):
+    rng = np.random.default_rng(seed)
+    v = rng.random(5) * 0.25 * (rng.random(5) < 0.8)
+    n = oracle_allocation(v, 4, 2, 9)
+    assert n.sum() == 20 and n.min() >= 2 and n.max() <= 9
+    assert (v / n).sum() == pytest.approx(_brute_force_optimum(v, 4, 2, 9), rel=1e-9)
+
+
+def test_allocation_quality_reference_points():
+    v = np.array([0.0, 0.01, 0.2, 0.25, 0.25, 0.05])
+    uniform = allocation_quality(np.full(6, 4), v, 4, 2, 12)
+    assert uniform["se_reduction"] == 0.0 and uniform["variance_reduction"] == 0.0 and uniform["efficiency"] == 0.0
+    assert uniform["oracle_se_reduction"] > 0.1
+    best = allocation_quality(oracle_allocation(v, 4, 2, 12), v, 4, 2, 12)
+    assert best["efficiency"] == pytest.approx(1.0) and best["se_proxy"] == pytest.approx(best["se_proxy_oracle"])
+    assert best["variance_reduction"] == pytest.approx(1 - (1 - best["se_reduction"]) ** 2)
+    worse = allocation_quality(np.array([12, 2, 2, 2, 2, 4]), v, 4, 2, 12)
+    assert worse["se_reduction"] < 0 and worse["efficiency"] < 0
+    # Equal variances: uniform is optimal, nothing is achievable.
+    flat = np.full(4, 0.2)
+    assert allocation_quality(np.full(4, 4), flat, 4, 2, 12)["efficiency"] == 1.0
+    off = allocation_quality(np.array([2, 6, 4, 4]), flat, 4, 2, 12)
+    assert off["oracle_se_reduction"] == 0.0 and off["efficiency"] == 0.0 and off["se_reduction"] < 0
+    zero = allocation_quality(np.array([2, 6]), np.zeros(2), 4, 2, 12)
+    assert zero["se_reduction"] == 0.0 and zero["oracle_se_reduction"] == 0.0 and zero["efficiency"] == 1.0
+    with pytest.raises(ValueError, match="counts"):
+        allocation_quality(np.array([4, 4]), np.zeros(3), 4, 2, 12)
+
+
+def test_prompt_variance_estimate_is_the_stated_shrinkage():
+    rg = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=8.0, variance_floor=1e-3), num_groups=3)
+    rg.variance[:] = [0.05, 0.2, 0.25]
+    groups = np.array([0, 0, 1, 2])
+    k = np.array([0, 6, 10, 0])  # window sums: correct / rollouts
+    m = np.array([40, 40, 20, 0])  # the last prompt is unseen
+    v = rg.prompt_variance_estimate(groups, k, m)
+    d = m - 1.0
+    s2 = np.array([0.0, 6 * 34 / (40 * 39), 10 * 10 / (20 * 19)])
+    expected = (d[:3] * s2 + 8.0 * rg.variance[groups[:3]]) / (d[:3] + 8.0)
+    np.testing.assert_allclose(v[:3], np.maximum(expected, 1e-3))
+    assert v[3] == 0.25  # unseen: the bin's v_b
+    raw = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=0.0), 3).prompt_variance_estimate(groups[:3], k[:3], m[:3])
+    np.testing.assert_allclose(raw, np.maximum(s2, 1e-3))
+
+
+def _run(source, steps=80, seed=0):
+    """bin 0 mixes unsolvable prompts (p = 0) with hard but solvable ones (p = 0.08)."""
+    P, B = 600, 64
+    cfg = gdro_config_from_dict(
+        {"binner": {"window": 8}, "rollout": {"enable": True, "variance_source": source, "n_mean": 4, "n_max": 12}}
+    )
+    ctl = GDROController(cfg, P)
+    rng = np.random.default_rng(seed)
+    p_true = np.concatenate([np.zeros(150), np.full(150, 0.08), rng.uniform(0.2, 0.9, 300)])
+    eff, eff_true, per_kind = [], [], {"unsolvable": [], "solvable": []}
+    for t in range(steps):
+        ids = rng.choice(P, B, replace=False)
+        n = ctl.schedule(ids)
+        assert n.sum() == B * 4 and n.min() >= 2 and n.max() <= 12
+        if t >= steps // 2:
+            eff.append(ctl._schedule_metrics["gdro/se/efficiency"])
+            eff_true.append(allocation_quality(n, p_true[ids] * (1 - p_true[ids]), 4, 2, 12)["efficiency"])
+            per_kind["unsolvable"] += n[ids < 150].tolist()
+            per_kind["solvable"] += n[(ids >= 150) & (ids < 300)].tolist()
+        rp = np.repeat(ids, n)
+        ctl.observe(rp, rng.random(len(rp)) < p_true[rp])
+    return np.mean(eff), np.mean(eff_true), {k: np.mean(v) for k, v in per_kind.items()}, ctl
+
+
+def test_per_prompt_variance_separates_unsolvable_from_hard_prompts():
+    eff_bin, true_bin, kinds_bin, _ = _run("bin")
+    eff_prompt, true_prompt, kinds_prompt, ctl = _run("prompt")
+    # With the bin's v_b both kinds in bin 0 get the same count; per prompt, the solvable ones get more.
+    assert kinds_prompt["solvable"] > kinds_prompt["unsolvable"] + 1.0
+    assert abs(kinds_bin["solvable"] - kinds_bin["unsolvable"]) < abs(kinds_prompt["solvable"] - kinds_prompt["unsolvable"])
+    # Against the TRUE per-prompt variances, the per-prompt allocator gets more of the oracle's reduction.
+    assert true_prompt > true_bin + 0.05
+    assert eff_prompt > eff_bin
+    m = ctl.metrics()
+    for key in ("proxy", "proxy_uniform", "proxy_oracle", "reduction", "variance_reduction", "oracle_reduction",
+                "oracle_variance_reduction", "efficiency", "seen_share"):
+        assert np.isfinite(m[f"gdro/se/{key}"]), key
+    assert m["gdro/se/seen_share"] > 0.9
+
+
+def test_se_metrics_are_logged_for_the_grpo_baseline_too():
+    ctl = GDROController(gdro_config_from_dict({}), 50)
+    ids = np.arange(8)
+    n = ctl.schedule(ids)
+    ctl.observe(np.repeat(ids, n), np.arange(32) % 3 == 0)
+    m = ctl.metrics()
+    assert m["gdro/se/reduction"] == 0.0 and m["gdro/se/seen_share"] == 0.0
+    assert "gdro/se_proxy" not in m  # the allocator's own SE proxy needs Rollout-GDRO
