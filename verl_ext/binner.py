@@ -21,7 +21,7 @@ update touches only the rows of the batch, so its cost is O(batch) whatever the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class PromptIdError(ValueError):
     """Prompt ids that cannot key the binner: missing, non-integer, out of range or duplicated."""
 
 
-def check_prompt_ids(ids: Any, *, num_prompts: Optional[int] = None, what: str = "prompt ids") -> np.ndarray:
+def check_prompt_ids(ids: Any, *, num_prompts: int | None = None, what: str = "prompt ids") -> np.ndarray:
     """Validate a batch (or a whole dataset column) of prompt ids and return them as int64.
 
     Raises :class:`PromptIdError` naming the first offending row and value when an id is missing

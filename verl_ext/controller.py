@@ -19,7 +19,7 @@ With an adversary disabled its part is skipped: ``schedule`` returns n̄ for eve
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class GDROController:
         self,
         response_prompt_ids: Any,
         response_correct: Any,
-        response_abs_advantage: Optional[Any] = None,
+        response_abs_advantage: Any | None = None,
     ) -> np.ndarray:
         """Record one step's outcomes; return the per-response advantage multipliers.
 

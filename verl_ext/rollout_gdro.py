@@ -61,7 +61,7 @@ reductions). :func:`allocation_quality` adds the per-prompt oracle: the exact in
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -249,7 +249,6 @@ class RolloutGDRO:
         return (1.0 - c.bandit_gamma) * w / w.sum(axis=1, keepdims=True) + c.bandit_gamma / len(self.arms)
 
     def _allocate_bandit(self, groups: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
-        c = self.config
         if not np.isfinite(self.log_mu):
             self.log_mu = self._clearing_log_mu(v, budget)
         per_group = np.bincount(groups, minlength=self.num_groups)
@@ -290,7 +289,7 @@ class RolloutGDRO:
         return base + _top_k_increments(gains, budget - base.sum())
 
     # ------------------------------------------------------------------ public API
-    def allocate(self, groups: Any, accuracy: Optional[Any] = None, prompt_variance: Optional[Any] = None) -> np.ndarray:
+    def allocate(self, groups: Any, accuracy: Any | None = None, prompt_variance: Any | None = None) -> np.ndarray:
         """Rollout counts for the next batch, one per prompt, summing to ``len(groups) · n̄``.
 
         ``groups`` are the prompts' current bins; ``accuracy`` (per prompt windowed pass rate,
