@@ -35,7 +35,9 @@ class PromptIdError(ValueError):
     """Prompt ids that cannot key the binner: missing, non-integer, out of range or duplicated."""
 
 
-def check_prompt_ids(ids: Any, *, num_prompts: int | None = None, what: str = "prompt ids") -> np.ndarray:
+def check_prompt_ids(
+    ids: Any, *, num_prompts: int | None = None, what: str = "prompt ids", check_unique: bool = True
+) -> np.ndarray:
     """Validate a batch (or a whole dataset column) of prompt ids and return them as int64.
 
     Raises :class:`PromptIdError` naming the first offending row and value when an id is missing
@@ -64,7 +66,7 @@ def check_prompt_ids(ids: Any, *, num_prompts: int | None = None, what: str = "p
     if num_prompts is not None and len(arr) and arr.max() >= num_prompts:
         row = int(np.argmax(arr >= num_prompts))
         raise PromptIdError(f"{what}: row {row} has id {int(arr[row])} outside [0, {num_prompts}) (binner capacity)")
-    if len(arr) > 1:
+    if check_unique and len(arr) > 1:
         order = np.argsort(arr, kind="stable")
         sorted_ids = arr[order]
         dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])

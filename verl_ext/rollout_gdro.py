@@ -89,7 +89,7 @@ def _top_k_increments(gains: np.ndarray, k: int) -> np.ndarray:
 
 def variance_gains_up(n: np.ndarray, v: np.ndarray, n_max: int) -> np.ndarray:
     """Matrix of marginal reductions v/(k(k-1)) for raising n_i to k = n_i+1 .. n_max (-inf past n_max)."""
-    steps = np.arange(1, n_max + 1)  # enough columns for any row
+    steps = np.arange(1, max(n_max - int(n.min(initial=n_max)), 0) + 1)  # enough columns for any row
     k = n[:, None] + steps[None, :]
     gains = v[:, None] / (k * (k - 1.0)) - _TIE_BREAK * k
     gains[k > n_max] = -np.inf
