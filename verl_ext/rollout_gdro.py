@@ -249,31 +249,41 @@ class RolloutGDRO:
         return (1.0 - c.bandit_gamma) * w / w.sum(axis=1, keepdims=True) + c.bandit_gamma / len(self.arms)
 
     def _allocate_bandit(self, groups: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
+        c = self.config
         if not np.isfinite(self.log_mu):
             self.log_mu = self._clearing_log_mu(v, budget)
         per_group = np.bincount(groups, minlength=self.num_groups)
         present = np.flatnonzero(per_group)
         counts = per_group[present]
         value = np.log(self.arm_probabilities()[present]) + self.rng.gumbel(size=(len(present), len(self.arms)))
-        # Exact-budget DP over bins: best[t] = max Σ |B_b| value_b(n_b) over bins so far with Σ |B_b| n_b = t.
-        best = np.full(budget + 1, -np.inf)
+        # Exact-budget DP over bins: best[t] = max Σ |B_b| value_b(n_b) over bins so far with
+        # Σ |B_b| (n_b - n_min) = t, i.e. counted above the n_min floor every bin pays anyway.
+        extra = budget - int(counts.sum()) * c.n_min
+        steps = self.arms - c.n_min
+        best = np.full(extra + 1, -np.inf)
         best[0] = 0.0
-        choice = np.zeros((len(present), budget + 1), dtype=np.int64)
+        choice = np.zeros((len(present), extra + 1), dtype=np.int16)
         for j, cnt in enumerate(counts):
-            cand = np.full((len(self.arms), budget + 1), -np.inf)
-            for a, n in enumerate(self.arms):
-                shift = int(cnt * n)
-                if shift <= budget:
-                    cand[a, shift:] = best[: budget + 1 - shift] + cnt * value[j, a]
-            choice[j] = np.argmax(cand, axis=0)
-            best = cand.max(axis=0)
+            # Running max over arms (strict >: the first best arm wins ties, as argmax would);
+            # row-wise updates avoid a strided argmax over an (arms, budget) matrix.
+            new = np.full(extra + 1, -np.inf)
+            pick = choice[j]
+            for a, k in enumerate(steps):
+                shift = int(cnt * k)
+                if shift > extra:
+                    break  # steps increase with the arm
+                cand = best[: extra + 1 - shift] + cnt * value[j, a]
+                better = cand > new[shift:]
+                new[shift:][better] = cand[better]
+                pick[shift:][better] = a
+            best = new
         feasible = np.flatnonzero(np.isfinite(best))
-        t = budget if np.isfinite(best[budget]) else int(feasible[feasible <= budget].max())
+        t = extra if np.isfinite(best[extra]) else int(feasible.max())
         arm_of = np.zeros(self.num_groups, dtype=np.int64)
         for j in range(len(present) - 1, -1, -1):  # backtrack
-            a = choice[j, t]
+            a = int(choice[j, t])
             arm_of[present[j]] = a
-            t -= int(counts[j] * self.arms[a])
+            t -= int(counts[j] * steps[a])
         # Budget pressure: the mean of the arms the bins prefer, without the budget.
         wanted = self.arms[np.argmin(self.arm_scores[present], axis=1)]
         return self.arms[arm_of[groups]], float((counts * wanted).sum() / counts.sum())
