@@ -59,8 +59,9 @@ class BinnerConfig:
     Attributes:
         num_bins: K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored
             when ``bin_edges`` is given.
-        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy. Bin 0 is
-            the hardest (lowest accuracy).
+        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1
+            edges give K bins [a_k, a_{k+1}), the last closed). Bin 0 is the hardest. The released
+            code's [0, .1, .2, .4, .6, .8, .9, 1] are 8 edges, i.e. 7 bins (bin_00 .. bin_06).
         window: H, the number of most recent visits a prompt's statistic is computed over
             (authors' scripts: 50 or 100).
         hysteresis: δ, a prompt leaves its bin only when its statistic is beyond the bin's
