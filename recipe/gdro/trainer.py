@@ -392,11 +392,10 @@ class GDROTrainerSync(PPOTrainerSync):
         if list(batch_keys) != plan.keys:
             raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
         adv = data.batch["advantages"]
-        # GRPO gives one scalar per response, broadcast over its response tokens: read it at the first
-        # response token (as verl's compute_advantage_for_multi_trajectories does).
-        final = torch.as_tensor(plan.session_final_row)
-        first = data.batch["response_mask"][final].argmax(dim=1)
-        abs_adv = adv[final, first].abs().double().numpy()
+        # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
+        # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
+        row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
+        abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
         observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0))
         per_session = np.empty(len(observed), dtype=np.float64)
         per_session[plan.order] = observed
