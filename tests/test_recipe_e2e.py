@@ -206,7 +206,8 @@ def replay_and_check(
 # ------------------------------------------------------------------------------------------ tests
 def test_joint_run_counts_groups_and_advantages(joint_run, script):
     shadow = shadow_controller(joint_run["config"])
-    replay_and_check(joint_run, script, [1, 2, 3], shadow, rollout=True)
+    # With Prompt-GDRO on the trainer always passes |A| per response (read inside verl's advantage stage).
+    replay_and_check(joint_run, script, [1, 2, 3], shadow, rollout=True, abs_adv=True)
     batches = joint_run["manager"].batches
     assert any(len(set(b["rollout_n"])) > 1 for b in batches), "Rollout-GDRO never varied the counts"
     # The controller in the trainer ended in the shadow's state (the shadow saw the responses in the
@@ -333,7 +334,11 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
     from recipe.gdro.trainer import GDROTrainerSync
 
     runs = {}
-    variants = (("plain", PPOTrainerSync, []), ("observe", GDROTrainerSync, []), ("blind", GDROTrainerSync, ["gdro.observe=false"]))
+    variants = (
+        ("plain", PPOTrainerSync, []),
+        ("observe", GDROTrainerSync, []),
+        ("blind", GDROTrainerSync, ["gdro.observe=false"]),
+    )
     for name, cls, extra in variants:
         work = new_work(tmp_path_factory, name)
         config = make_config(work, "trainer.resume_mode=disable", "trainer.save_freq=-1", *extra, steps=2)
@@ -384,8 +389,23 @@ def test_prompt_gdro_skips_padding_rows(tq_session, tmp_path_factory, tokenizer,
         steps=2,
         batch=3,
     )
-    with capture_tracking() as logged:
-        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    advantage_puts = []
+    original_put = tq.kv_batch_put
+
+    def counting_put(*args, **kwargs):
+        fields = kwargs.get("fields")
+        if fields is not None and "advantages" in fields.keys():
+            advantage_puts.append(len(kwargs["keys"]))
+        return original_put(*args, **kwargs)
+
+    tq.kv_batch_put = counting_put
+    try:
+        with capture_tracking() as logged:
+            trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    finally:
+        tq.kv_batch_put = original_put
+    # One write of the advantages per step (verl's own, already scaled): Prompt-GDRO adds no put.
+    assert advantage_puts == [16, 16]
     run = {"trainer": trainer, "manager": manager}
     shadow = shadow_controller(config)
     replay_and_check(run, script, [1, 2], shadow, rollout=False, abs_adv=True)
@@ -436,3 +456,116 @@ def test_task_runner_runs_the_recipe_trainer(tq_session, tmp_path_factory, token
     assert [r["step"] for r in read_metrics_jsonl(work / "ckpt" / "gdro_metrics.jsonl")] == [1]
     assert len(list((work / "ckpt").glob("gdro_metrics.jsonl.*.bak"))) == 1  # the old file, moved aside
     assert (work / "ckpt" / "global_step_1" / "gdro_state.pkl").exists()
+
+
+# ----------------------------------------------------------------- group-size checks (issue 11 item 3)
+def test_worker_ignoring_per_prompt_counts_stops_the_run(tq_session, tmp_path_factory, tokenizer, script):
+    """A rollout worker that ignores ``__rollout_n__`` (every group gets rollout.n) is caught at the first
+    step whose schedule varies, naming the prompt and both counts."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "ignored_n")
+    config = make_config(work, *JOINT)
+    with pytest.raises(RuntimeError, match=r"prompt id \d+ \(uid .*\) was scheduled [1-3] rollouts but 4 responses"):
+        S.run_fit(GDROTrainerSync, config, tokenizer, script, ignore_rollout_n=True)
+
+
+def test_failed_sessions_are_counted_not_fatal(tq_session, tmp_path_factory, tokenizer):
+    """Sessions whose agent loop returns nothing shrink their group; the step trains on the rest and
+    ``gdro/recipe/failed_sessions`` counts them."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    failing = S.Script(SOLVE_RATES, fail={(i, 1, 1) for i in range(len(ANSWERS))})  # session 1 of step 1
+    work = new_work(tmp_path_factory, "failed")
+    config = make_config(
+        work, "gdro.prompt.enable=true", "trainer.resume_mode=disable", "trainer.save_freq=-1", steps=2
+    )
+    with capture_tracking() as logged:
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, failing)
+    assert sorted(logged) == [1, 2]
+    assert logged[1]["gdro/recipe/failed_sessions"] == 4  # one per prompt (4 prompts x 4 scheduled)
+    assert logged[1]["gdro/recipe/realised_rollouts"] == 12
+    assert logged[2]["gdro/recipe/failed_sessions"] == 0
+    assert logged[2]["gdro/recipe/realised_rollouts"] == 16
+    step1 = next(u for u in trainer.actor_rollout_wg.updates if u["step"] == 1)
+    sizes = Counter(r["uid"] for r in real_rows(step1))
+    assert sorted(sizes.values()) == [3, 3, 3, 3]
+    assert not any(r["session"] == 1 for r in real_rows(step1))
+    # the failed sessions reached neither the binner nor the actor: 12 responses observed at step 1
+    records = read_metrics_jsonl(work / "ckpt" / "gdro_metrics.jsonl")
+    assert records[0]["gdro/recipe/failed_sessions"] == 4
+
+
+# ------------------------------------- custom reward function + validation lines (issue 11.5, 12.13)
+# (data_source, ground truth, extra_info.index): training mixes DAPO math with GPQA; validation has every
+# Table-1 set. Rates: 1.0 always right, 0.0 always wrong, 0.5 scripted by (index, session, step).
+REWARD_TRAIN = [("math_dapo", "10", 0), ("math_dapo", "11", 1), ("gpqa_diamond", "B", 2), ("gpqa_diamond", "D", 3),
+                ("math_dapo", "12", 4), ("gpqa_diamond", "A", 5)]
+REWARD_VAL = [("math500", "20", 10), ("aime2024", "21", 11), ("aime2025", "22", 12), ("amc23", "23", 13),
+              ("minerva", "24", 14), ("olympiadbench", "25", 15), ("gpqa_diamond", "C", 16),
+              ("gpqa_diamond", "A", 17)]
+REWARD_RATES = {0: 0.5, 1: 1.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 0.5,
+                10: 1.0, 11: 0.0, 12: 0.5, 13: 0.5, 14: 1.0, 15: 0.5, 16: 1.0, 17: 0.5}
+
+
+def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_session, tmp_path_factory, tokenizer):
+    """``reward.custom_reward_function.path=pkg://data_prep.reward_fn`` loaded by verl's reward path: math
+    sets scored by math_dapo, GPQA by letter (math_dapo would score "Answer: (B) option B" wrong, verl's
+    default router has no GPQA scorer). Validation (before training and at step 2) lands in the metrics
+    file and gives a Table-1 row."""
+    from recipe.gdro import results_table as RT
+    from recipe.gdro.metrics_io import read_validation_jsonl
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    script = S.Script(REWARD_RATES)
+    work = tmp_path_factory.mktemp("reward_fn")
+    S.write_parquet(str(work / "train.parquet"), S.eval_rows(REWARD_TRAIN))
+    S.write_parquet(str(work / "val.parquet"), S.eval_rows(REWARD_VAL))
+    config = make_config(
+        work,
+        f"data.val_files=[{work / 'val.parquet'}]",
+        "reward.custom_reward_function.path=pkg://data_prep.reward_fn",
+        "reward.custom_reward_function.name=compute_score",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+        "gdro.prompt.enable=true",
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        steps=2,
+    )
+    trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+
+    # training: every response's score is the script's truth, GPQA rows included
+    train_sources = {idx: src for src, _, idx in REWARD_TRAIN}
+    seen = Counter()
+    for update in trainer.actor_rollout_wg.updates:
+        for r in real_rows(update):
+            truth = script.correct(r["index"], r["session"], update["step"])
+            assert r["score"] == (1.0 if truth else -1.0), (train_sources[r["index"]], r["index"], r["session"])
+            seen[(train_sources[r["index"]], truth)] += 1
+    assert seen[("gpqa_diamond", True)] > 0 and seen[("gpqa_diamond", False)] > 0, seen
+
+    # validation: per-set acc mean@2 and exact pass@2 from the script's outcomes
+    val_batches = [b for b in manager.batches if b["validate"]]
+    assert sorted({b["step"] for b in val_batches}) == [0, 2]
+    records = read_validation_jsonl(work / "ckpt" / "gdro_metrics.jsonl")
+    assert [r["val_step"] for r in records] == [0, 2]
+    assert [r["step"] for r in read_metrics_jsonl(work / "ckpt" / "gdro_metrics.jsonl")] == [1, 2]
+    for record in records:
+        step = record["val_step"]
+        by_source: dict[str, list[list[bool]]] = {}
+        for src, _, idx in REWARD_VAL:
+            by_source.setdefault(src, []).append([script.correct(idx, s, step) for s in range(2)])
+        for src, groups in by_source.items():
+            mean = np.mean([np.mean(g) for g in groups])
+            assert record[f"val-core/{src}/acc/mean@2"] == pytest.approx(mean), (step, src)
+            assert record[f"gdro/val/{src}/prompts"] == len(groups)
+            assert record[f"gdro/val/{src}/acc/pass@2"] == pytest.approx(np.mean([any(g) for g in groups]))
+    gpqa = [script.correct(16, s, 2) for s in range(2)] + [script.correct(17, s, 2) for s in range(2)]
+    assert records[1]["val-core/gpqa_diamond/acc/mean@2"] == pytest.approx(np.mean(gpqa)) and any(gpqa)
+
+    rows = RT.build_rows([str(work / "ckpt")], "last")
+    assert rows[0].step == 2 and rows[0].k == 2 and rows[0].pass_source == "exact"
+    assert rows[0].columns["MATH500"] == 1.0 and rows[0].columns["Minerva"] == 1.0
+    assert rows[0].columns["AIME"] == pytest.approx((0.0 + records[1]["val-core/aime2025/acc/mean@2"]) / 2)

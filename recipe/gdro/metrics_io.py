@@ -8,10 +8,22 @@ Format (read by ``python -m recipe.gdro.plot RUN_METRICS.jsonl --out DIR``)::
 * every other key is a ``gdro/...`` metric name, its value a float; NaN and ±inf are written as
   ``null`` (strict JSON; keys whose value is missing in a step are simply absent).
 
-The trainer appends one line after each step. When a run resumes from ``global_step_N`` it first
-drops the lines of steps > N (:func:`rewind_metrics_jsonl`) so the file never holds a step twice;
-:func:`read_metrics_jsonl` additionally keeps only the last line per step, so a file copied from an
-interrupted run still reads cleanly.
+The trainer appends one line after each step. At each validation it also appends a **validation
+line**, keyed ``val_step`` instead of ``step`` (so a reader of training lines can never mistake it
+for one)::
+
+    {"val_step": 50, "val-core/math500/acc/mean@8": 0.61, ..., "gdro/val/math500/prompts": 500,
+     "gdro/val/math500/acc/pass@8": 0.83, ...}
+
+holding verl's ``val-core/...`` / ``val-aux/...`` dict of that validation plus, per data source, the
+number of prompts and the exact pass@k (see :func:`validation_pass_at_k`). ``val_step`` is verl's
+``global_steps`` when the validation ran (0 for the validation before training).
+
+When a run resumes from ``global_step_N`` it first drops the lines of steps > N, training and
+validation alike (:func:`rewind_metrics_jsonl`), so the file never holds a step twice;
+:func:`read_metrics_jsonl` (training lines) and :func:`read_validation_jsonl` (validation lines)
+additionally keep only the last line per step, so a file copied from an interrupted run still reads
+cleanly.
 
 No verl import: the plotting tool reads these files without verl.
 """
@@ -21,11 +33,23 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from verl_ext.atomic import atomic_replace
 
-__all__ = ["append_metrics_jsonl", "read_metrics_jsonl", "rewind_metrics_jsonl", "metrics_record"]
+__all__ = [
+    "VAL_STEP_KEY",
+    "append_metrics_jsonl",
+    "append_validation_jsonl",
+    "metrics_record",
+    "read_metrics_jsonl",
+    "read_validation_jsonl",
+    "rewind_metrics_jsonl",
+    "validation_pass_at_k",
+]
+
+VAL_STEP_KEY = "val_step"  # the step key of a validation line
 
 
 def _json_value(key: str, value: Any) -> Any:
@@ -41,14 +65,14 @@ def _json_value(key: str, value: Any) -> Any:
     raise TypeError(f"metrics_jsonl: metric {key!r} has non-numeric value {value!r}")
 
 
-def metrics_record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The dict one line holds: ``{"step": step, **metrics}`` with NaN/inf as None."""
+def metrics_record(step: int, metrics: Mapping[str, Any], step_key: str = "step") -> dict[str, Any]:
+    """The dict one line holds: ``{step_key: step, **metrics}`` with NaN/inf as None."""
     if isinstance(step, bool) or int(step) != step:
         raise TypeError(f"metrics_jsonl: step must be an integer, got {step!r}")
-    record: dict[str, Any] = {"step": int(step)}
+    record: dict[str, Any] = {step_key: int(step)}
     for key, value in metrics.items():
-        if key == "step":
-            raise ValueError("metrics_jsonl: 'step' is reserved for the step number")
+        if key in ("step", VAL_STEP_KEY):
+            raise ValueError(f"metrics_jsonl: {key!r} is reserved for the step number")
         record[str(key)] = _json_value(key, value)
     return record
 
@@ -59,7 +83,18 @@ def append_metrics_jsonl(path: str | os.PathLike, step: int, metrics: Mapping[st
     NaN / ±inf are written as ``null``. The line is written with a single ``write`` call and
     flushed, so a reader never sees half a line from a live run.
     """
-    line = json.dumps(metrics_record(step, metrics), allow_nan=False, sort_keys=False) + "\n"
+    _append_line(path, metrics_record(step, metrics))
+
+
+def append_validation_jsonl(path: str | os.PathLike, step: int, metrics: Mapping[str, Any]) -> None:
+    """Append one validation line ``{"val_step": step, "val-core/...": value, ...}`` (see the module doc)."""
+    if not metrics:
+        raise ValueError(f"metrics_jsonl: validation at step {step} produced no metrics")
+    _append_line(path, metrics_record(step, metrics, step_key=VAL_STEP_KEY))
+
+
+def _append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    line = json.dumps(record, allow_nan=False, sort_keys=False) + "\n"
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
     os.makedirs(folder, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
@@ -67,12 +102,7 @@ def append_metrics_jsonl(path: str | os.PathLike, step: int, metrics: Mapping[st
         f.flush()
 
 
-def read_metrics_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """All records, sorted by step, keeping the last line for a step written twice.
-
-    ``null`` values come back as ``float('nan')``. A truncated last line (a run killed mid-write)
-    is skipped; any other malformed line raises ``ValueError`` naming the line number.
-    """
+def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
     by_step: dict[int, dict[str, Any]] = {}
@@ -86,19 +116,85 @@ def read_metrics_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
             if number - 1 >= last - 1 and not line.endswith("}"):
                 continue  # a partial final line
             raise ValueError(f"{path}: line {number} is not JSON: {e}") from None
-        if not isinstance(record, dict) or "step" not in record:
-            raise ValueError(f"{path}: line {number} has no 'step'")
-        step = int(record["step"])
+        if not isinstance(record, dict) or ("step" not in record and VAL_STEP_KEY not in record):
+            raise ValueError(f"{path}: line {number} has neither 'step' nor '{VAL_STEP_KEY}'")
+        if step_key not in record:
+            continue  # the other kind of line
+        step = int(record[step_key])
         by_step[step] = {k: (float("nan") if v is None else v) for k, v in record.items()}
-        by_step[step]["step"] = step
+        by_step[step][step_key] = step
     return [by_step[s] for s in sorted(by_step)]
 
 
-def rewind_metrics_jsonl(path: str | os.PathLike, last_step: int) -> int:
-    """Drop the lines of steps > ``last_step`` (atomically); return how many were dropped.
+def read_metrics_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All training records, sorted by step, keeping the last line for a step written twice.
 
-    Used on resume from ``global_step_{last_step}``: those steps are about to be trained again.
-    A missing file is not an error (returns 0).
+    Validation lines (``val_step``) are skipped: see :func:`read_validation_jsonl`. ``null`` values
+    come back as ``float('nan')``. A truncated last line (a run killed mid-write) is skipped; any other
+    malformed line raises ``ValueError`` naming the line number.
+    """
+    return _read_records(path, "step")
+
+
+def read_validation_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """All validation records (``{"val_step": N, ...}``), sorted by step, the last line per step."""
+    return _read_records(path, VAL_STEP_KEY)
+
+
+def validation_pass_at_k(
+    data_sources: Sequence[Any],
+    sample_uids: Sequence[Any],
+    acc: Sequence[Any] | None,
+    expected_counts: Mapping[tuple[str, str], int] | None = None,
+) -> dict[str, float]:
+    """Per data source: the number of prompts and the exact pass@k, k = the most responses of a prompt.
+
+    ``data_sources`` / ``sample_uids`` / ``acc`` are per response, as verl's v1 ``_validate`` collects
+    them (``acc`` from ``reward_extra_info``; None entries are ignored). A prompt with fewer responses
+    than ``expected_counts[(source, uid)]`` (failed sessions) has the missing ones counted as wrong,
+    as verl does for ``mean@n``. pass@k of a prompt with n responses, c of them correct, is the unbiased
+    estimator 1 - C(n-c, k)/C(n, k) (Chen et al., 2021); for n = k it is 1 if any response is correct.
+    Unlike verl's ``best@k/mean`` (a bootstrap with replacement), this is exact.
+
+    Returns ``{"gdro/val/<source>/prompts": P, "gdro/val/<source>/acc/pass@k": value, ...}`` for the
+    sources that report ``acc``.
+    """
+    if acc is None:
+        return {}
+    if not (len(data_sources) == len(sample_uids) == len(acc)):
+        raise ValueError(
+            f"validation_pass_at_k: {len(data_sources)} data sources, {len(sample_uids)} uids, {len(acc)} acc values"
+        )
+    outcomes: dict[str, dict[str, list[bool]]] = {}
+    for source, uid, value in zip(data_sources, sample_uids, acc):
+        if value is None:
+            continue
+        outcomes.setdefault(str(source), {}).setdefault(str(uid), []).append(float(value) > 0)
+    for (source, uid), expected in (expected_counts or {}).items():
+        if str(source) in outcomes:
+            got = outcomes[str(source)].setdefault(str(uid), [])
+            got.extend([False] * max(int(expected) - len(got), 0))
+    result: dict[str, float] = {}
+    for source, by_uid in sorted(outcomes.items()):
+        groups = [g for g in by_uid.values() if g]
+        if not groups:
+            continue
+        k = max(len(g) for g in groups)
+        values = []
+        for g in groups:
+            n, c = len(g), sum(g)
+            values.append(1.0 - math.comb(n - c, k) / math.comb(n, k) if n >= k else float(c > 0))
+        result[f"gdro/val/{source}/prompts"] = float(len(groups))
+        result[f"gdro/val/{source}/acc/pass@{k}"] = float(sum(values) / len(values))
+    return result
+
+
+def rewind_metrics_jsonl(path: str | os.PathLike, last_step: int) -> int:
+    """Drop the lines (training and validation) of steps > ``last_step`` (atomically); return how many.
+
+    Used on resume from ``global_step_{last_step}``: those steps are about to be trained again. The
+    validation line of step ``last_step`` itself is kept (verl validates after saving that step's
+    checkpoint). A missing file is not an error (returns 0).
     """
     if not os.path.exists(path):
         return 0
@@ -109,7 +205,8 @@ def rewind_metrics_jsonl(path: str | os.PathLike, last_step: int) -> int:
         if not line.strip():
             continue
         try:
-            step = int(json.loads(line)["step"])
+            record = json.loads(line)
+            step = int(record["step"] if "step" in record else record[VAL_STEP_KEY])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             dropped += 1  # a partial line from a killed run
             continue

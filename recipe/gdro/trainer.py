@@ -1,7 +1,7 @@
 """The GDRO trainer: verl 0.9.1's v1 synchronous PPO trainer plus the two adversaries.
 
 :class:`GDROTrainerSync` subclasses :class:`verl.trainer.ppo.v1.PPOTrainerSync` and overrides
-five of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
+seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 
 ``_init_dataloader``
     after verl builds the datasets, validates the training prompts' ``extra_info.index`` (unique
@@ -12,16 +12,23 @@ five of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     ``AgentLoopWorkerTQ`` reads, and records ``uid -> (prompt id, count)`` on the driver.
     Σ n = B · n̄ exactly, so ``_balance_batch`` adds no padding.
 ``_compute_advantage``
-    after verl's GRPO advantages are in TransferQueue, reads each response's ``acc`` (verl's
-    ``reward_extra_info``), maps it to its prompt id through the uid map, feeds the controller,
-    and multiplies each response's advantage by its Prompt-GDRO weight (one TransferQueue get
-    and, with Prompt-GDRO on, one put). Padding rows (``is_padding``) are skipped.
+    before verl's advantage stage, reads each response's ``acc`` (verl's ``reward_extra_info``; one
+    TransferQueue get of ``extra_fields``), maps it to its prompt id through the uid map and checks
+    each prompt's realised group size against its scheduled count. With Prompt-GDRO on, verl's
+    GRPO advantage function is wrapped for the duration of the call, so the controller observes
+    the step (with |A| per response) and each response's advantage is multiplied by its weight
+    before verl's single TransferQueue put: the recipe adds no write. Otherwise the controller
+    observes after verl's stage. Padding rows (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
+``_validate`` / ``_val_metrics_update``
+    at each validation, appends verl's ``val-core`` / ``val-aux`` metrics (plus, per data source, the
+    prompt count and the exact pass@k) to the same file as a ``{"val_step": N, ...}`` line, which
+    ``python -m recipe.gdro.results_table`` turns into the paper's Table 1.
 
 With both adversaries disabled the advantages and rollout counts are verl's, untouched. By default
 (``gdro.observe=true``) the binner still observes every step and the ``gdro/*`` metrics, JSONL file
@@ -35,19 +42,21 @@ import logging
 import math
 import os
 import time
-from collections import OrderedDict
-from typing import Any, Optional
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import transfer_queue as tq
+import verl.trainer.ppo.v1.trainer_base as verl_trainer_base
 from omegaconf import DictConfig
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from transfer_queue import KVBatchMeta
-
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
 from recipe.gdro.checks import (
     GDRO_STATE_FILE,
@@ -58,7 +67,13 @@ from recipe.gdro.checks import (
     gdro_runs,
     prompt_ids_of_table,
 )
-from recipe.gdro.metrics_io import append_metrics_jsonl, rewind_metrics_jsonl
+from recipe.gdro.metrics_io import (
+    append_metrics_jsonl,
+    append_validation_jsonl,
+    rewind_metrics_jsonl,
+    validation_pass_at_k,
+)
+from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -95,6 +110,45 @@ def _acc_value(extra_fields: Any) -> tuple[Any, list[str]]:
     return info.get("acc", _MISSING), sorted(info)
 
 
+@dataclass
+class _StepPlan:
+    """What the recipe knows about a training batch before verl computes its advantages."""
+
+    keys: list[str]  # all batch keys, in verl's row order (padding included)
+    row_session: np.ndarray  # batch row -> session number, -1 for padding rows
+    session_final_row: np.ndarray  # session -> batch row of its final turn
+    session_uids: list[str]
+    session_pid: np.ndarray
+    acc: np.ndarray
+    order: np.ndarray  # canonical (prompt id, session) feeding order of the sessions
+    padding_rows: int
+    failed_sessions: int
+    failed_groups: int
+
+
+@contextmanager
+def _scaled_advantages(hook: Callable[[Any, list[str]], None]) -> Iterator[None]:
+    """Within the block, verl's v1 ``_compute_advantage`` calls ``hook(data, batch_keys)`` on the DataProto
+    returned by ``compute_advantage_for_multi_trajectories`` (verl's GRPO advantages, broadcast over the
+    response tokens), before it converts them to nested tensors and puts them into TransferQueue.
+
+    The name is looked up in ``verl.trainer.ppo.v1.trainer_base`` at call time; the original is restored
+    in ``finally``, so nothing outside this block (validation, other trainers) sees the wrapper.
+    """
+    original = verl_trainer_base.compute_advantage_for_multi_trajectories
+
+    def wrapped(data, batch_keys, *args, **kwargs):
+        out = original(data, batch_keys, *args, **kwargs)
+        hook(out, batch_keys)
+        return out
+
+    verl_trainer_base.compute_advantage_for_multi_trajectories = wrapped
+    try:
+        yield
+    finally:
+        verl_trainer_base.compute_advantage_for_multi_trajectories = original
+
+
 class GDROTrainerSync(PPOTrainerSync):
     """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring)."""
 
@@ -104,12 +158,13 @@ class GDROTrainerSync(PPOTrainerSync):
         check_supported_modes(config, self.gdro_config)
         check_budget(config, self.gdro_config)
         self._gdro_runs = gdro_runs(config, self.gdro_config)
-        self.gdro: Optional[GDROController] = None
+        self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
-        self._gdro_uid_map: "OrderedDict[str, tuple[int, int, int]]" = OrderedDict()
+        self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
         self._gdro_pending: dict[str, float] = {}  # this step's schedule-side metrics
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
         self._gdro_time = 0.0
+        self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -117,7 +172,7 @@ class GDROTrainerSync(PPOTrainerSync):
         """The controller runs: an adversary is on, or observe-only (see the module docstring)."""
         return self._gdro_runs
 
-    def gdro_metrics_path(self) -> Optional[str]:
+    def gdro_metrics_path(self) -> str | None:
         name = self.gdro_config.metrics_file
         if not name:
             return None
@@ -194,27 +249,25 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time += time.perf_counter() - start
         return batch
 
-    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        batch = super()._compute_advantage(batch, metrics)
-        if not self.gdro_enabled:
-            return batch
-        start = time.perf_counter()
-        cfg = self.gdro_config
+    def _gdro_plan(self, batch: KVBatchMeta) -> _StepPlan:
+        """Sessions, prompt ids, outcomes and group-size check of one training batch (before verl's advantage).
 
+        Reads ``extra_fields`` only (one TransferQueue get) for each session's ``acc``.
+        """
         # 1. real rows (skip _balance_batch's padding), grouped into sessions (one response each).
-        rows = [i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)]
-        padding_rows = len(batch) - len(rows)
+        is_real = [not tag.get("is_padding", False) for tag in batch.tags]
+        rows = [i for i, real in enumerate(is_real) if real]
         keys = [batch.keys[i] for i in rows]
         session_of_row: list[int] = []
         session_index: dict[tuple[str, str], int] = {}
         session_final: list[tuple[int, int]] = []  # (turn, local row) of each session's final output
-        for local, key in enumerate(keys):
+        for key in keys:
             uid, session_id, turn = split_trajectory_key(key)
             s = session_index.setdefault((uid, session_id), len(session_index))
             if s == len(session_final):
-                session_final.append((turn, local))
+                session_final.append((turn, len(session_of_row)))
             elif turn > session_final[s][0]:
-                session_final[s] = (turn, local)
+                session_final[s] = (turn, len(session_of_row))
             session_of_row.append(s)
         sessions = list(session_index)  # insertion order = session number s
         session_uids = [uid for uid, _ in sessions]
@@ -225,18 +278,20 @@ class GDROTrainerSync(PPOTrainerSync):
                 f"(first uid {missing[0]!r}); a custom sampler or refill path bypassed _next_train_batch"
             )
         session_pid = np.array([self._gdro_uid_map[u][0] for u in session_uids], dtype=np.int64)
+        failed_sessions, failed_groups = self._check_group_sizes(session_uids)
 
-        # 2. one TransferQueue read: acc (and the advantages when they are needed).
-        need_adv = cfg.prompt.enable  # observe-only and Rollout-GDRO read acc alone
-        fields = ["extra_fields"] + (["advantages"] if need_adv else [])
-        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields) if keys else None
-        extra = list(data["extra_fields"]) if keys else []
+        # 2. one TransferQueue read of extra_fields, for each session's final-turn acc.
+        final_keys = [keys[local] for _, local in session_final]
+        extra = []
+        if final_keys:
+            data = tq.kv_batch_get(keys=final_keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+            extra = list(data["extra_fields"])
         acc_raw = []
-        for s, (_, local) in enumerate(session_final):
-            value, info_keys = _acc_value(extra[local])
+        for s, key in enumerate(final_keys):
+            value, info_keys = _acc_value(extra[s])
             if value is _MISSING:
                 raise RuntimeError(
-                    f"GDRO: the reward of trajectory {keys[local]!r} (prompt id {int(session_pid[s])}) reports no "
+                    f"GDRO: the reward of trajectory {key!r} (prompt id {int(session_pid[s])}) reports no "
                     f"'acc' in reward_extra_info (keys: {info_keys}); the difficulty binner needs a per-response "
                     "correctness. Use a reward function returning {'score': ..., 'acc': bool} (e.g. math_dapo)"
                 )
@@ -246,53 +301,131 @@ class GDROTrainerSync(PPOTrainerSync):
         else:
             acc = np.array([np.nan if v is None else float(v) for v in acc_raw], dtype=np.float64)
 
-        abs_adv = None
-        if need_adv and keys:
-            adv_nested = data["advantages"]
-            values, offsets = adv_nested.values(), adv_nested.offsets()
-            lengths = offsets.diff()
-        if cfg.prompt.enable and cfg.prompt.loss_signal == "mean_abs_advantage" and keys:
-            # GRPO gives one scalar per response, broadcast over its (masked) tokens: |A| = max_t |A_t|.
-            row_abs = torch.segment_reduce(values.abs().float(), "max", lengths=lengths, unsafe=True, initial=0.0)
-            row_abs = np.nan_to_num(row_abs.double().numpy(), nan=0.0)
-            abs_adv = np.array([row_abs[local] for _, local in session_final])
+        # Canonical feeding order (prompt id, session): the controller's state does not depend on
+        # TransferQueue's key order, so a resumed run reproduces the uninterrupted one bit for bit.
+        session_numbers = np.array([_session_number(sid) for _, sid in sessions])
+        order = np.lexsort((session_numbers, session_pid))
+        # batch row -> session (-1 for padding rows, which keep verl's advantage)
+        row_session = np.full(len(batch), -1, dtype=np.int64)
+        row_session[np.asarray(rows, dtype=np.int64)] = np.asarray(session_of_row, dtype=np.int64)
+        return _StepPlan(
+            keys=list(batch.keys),
+            row_session=row_session,
+            session_final_row=np.array([rows[local] for _, local in session_final], dtype=np.int64),
+            session_uids=session_uids,
+            session_pid=session_pid,
+            acc=acc,
+            order=order,
+            padding_rows=len(batch) - len(rows),
+            failed_sessions=failed_sessions,
+            failed_groups=failed_groups,
+        )
 
-        # 3. the controller: per-session (= per-response) multipliers. Responses are fed in a canonical
-        #    (prompt id, session) order, so the state does not depend on TransferQueue's key order and a
-        #    resumed run reproduces the uninterrupted one bit for bit.
-        session_ids = np.array([_session_number(sid) for _, sid in sessions])
-        order = np.lexsort((session_ids, session_pid))
-        observed = self.gdro.observe(session_pid[order], acc[order], None if abs_adv is None else abs_adv[order])
-        multipliers = np.empty(len(order), dtype=np.float64)
-        multipliers[order] = observed
-        row_mult = np.asarray(multipliers, dtype=np.float64)[np.asarray(session_of_row, dtype=np.int64)]
+    def _check_group_sizes(self, session_uids: list[str]) -> tuple[int, int]:
+        """Realised group size of each prompt against its scheduled count (issue 11 item 3).
 
-        # 4. Prompt-GDRO: scale the advantages the actor will read.
-        if cfg.prompt.enable and keys:
-            scale = torch.as_tensor(row_mult, dtype=values.dtype)
-            new_values = values * torch.repeat_interleave(scale, lengths)
-            scaled = torch.nested.nested_tensor_from_jagged(new_values, offsets)
-            tq.kv_batch_put(
-                keys=keys,
-                partition_id=batch.partition_id,
-                fields=TensorDict({"advantages": scaled}, batch_size=len(keys)),
-            )
+        A group may come back smaller than scheduled only because sessions failed (verl leaves a
+        failed session's trajectory out); those are counted. A group LARGER than its count means the
+        rollout worker did not honour ``__rollout_n__``: since the counts of a step sum to exactly
+        B·n̄, a worker ignoring them (every group gets ``actor_rollout_ref.rollout.n``) always makes
+        some group exceed its count as soon as the counts differ, and the run stops here.
 
-        # 5. consume the uid map, collect metrics.
-        for u in dict.fromkeys(session_uids):
-            self._gdro_uid_map.pop(u, None)
+        Returns (failed sessions in groups that arrived, whole groups that did not arrive).
+        """
+        realised = Counter(session_uids)
+        failed_sessions = 0
+        for uid, got in realised.items():
+            pid, scheduled, _ = self._gdro_uid_map[uid]
+            if got > scheduled:
+                raise RuntimeError(
+                    f"GDRO: prompt id {pid} (uid {uid}) was scheduled {scheduled} rollouts but {got} responses reached "
+                    f"the advantage stage. The rollout worker does not honour the per-prompt count "
+                    f"`{ROLLOUT_N_FIELD}` (a verl without it gives every group "
+                    f"actor_rollout_ref.rollout.n={self.gdro_config.rollout.n_mean}), so the Rollout-GDRO allocation "
+                    "is not what was trained on. Use verl 0.9.1's AgentLoopWorkerTQ (trainer.use_v1=true)"
+                )
+            failed_sessions += scheduled - got
+        step = int(self.global_steps)
+        lost = [n for u, (_, n, s) in self._gdro_uid_map.items() if s == step and u not in realised]
+        return failed_sessions + int(sum(lost)), len(lost)
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it.
+
+        With Prompt-GDRO on, verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage
+        of each session's final output, broadcast over its tokens) is wrapped for the duration of this
+        call: right after it returns, the controller observes the step (with |A| per response) and each
+        response's advantage row is multiplied by its weight, A(x, i) × w(bin(x)) (paper, Eq. 6), before
+        verl writes the advantages to TransferQueue in its single put. The recipe adds no write; its one
+        extra read is ``extra_fields`` (for ``acc``).
+        """
+        if not self.gdro_enabled:
+            return super()._compute_advantage(batch, metrics)
+        start = time.perf_counter()
+        plan = self._gdro_plan(batch)
         self._gdro_time += time.perf_counter() - start
+        result: dict[str, np.ndarray] = {}
+        if self.gdro_config.prompt.enable:
+            with _scaled_advantages(lambda data, keys: self._observe_and_scale(plan, data, keys, result)):
+                batch = super()._compute_advantage(batch, metrics)
+            if "multipliers" not in result:
+                raise RuntimeError(
+                    "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
+                    "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
+                )
+        else:
+            batch = super()._compute_advantage(batch, metrics)
+            start = time.perf_counter()
+            result["multipliers"] = self._gdro_observe(plan, None)
+            self._gdro_time += time.perf_counter() - start
+        self._gdro_finish_step(plan, result["multipliers"], metrics)
+        return batch
+
+    def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
+        """Feed the controller in canonical order; return the per-session multipliers (canonical order)."""
+        o = plan.order
+        return self.gdro.observe(plan.session_pid[o], plan.acc[o], None if abs_adv is None else abs_adv[o])
+
+    def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
+        """Inside verl's advantage computation: observe with |A|, scale each response's advantage row."""
+        start = time.perf_counter()
+        if list(batch_keys) != plan.keys:
+            raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
+        adv = data.batch["advantages"]
+        # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
+        # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
+        row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
+        abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
+        observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0))
+        per_session = np.empty(len(observed), dtype=np.float64)
+        per_session[plan.order] = observed
+        row_mult = np.ones(len(plan.keys), dtype=np.float64)
+        real = plan.row_session >= 0
+        row_mult[real] = per_session[plan.row_session[real]]
+        # A new tensor (not in place): verl's ``returns`` is the same tensor and stays GRPO's.
+        data.batch["advantages"] = adv * torch.from_numpy(row_mult).to(adv.dtype).unsqueeze(-1)
+        result["multipliers"] = observed
+        self._gdro_time += time.perf_counter() - start
+
+    def _gdro_finish_step(self, plan: _StepPlan, observed: np.ndarray, metrics: dict) -> None:
+        for u in dict.fromkeys(plan.session_uids):
+            self._gdro_uid_map.pop(u, None)
+        step = int(self.global_steps)
+        for u in [u for u, (_, _, s) in self._gdro_uid_map.items() if s == step]:
+            del self._gdro_uid_map[u]  # a group that never arrived (counted in failed_groups)
         step_metrics = dict(self.gdro.metrics())
         step_metrics.update(self._gdro_pending)
-        step_metrics["gdro/recipe/realised_rollouts"] = float(len(session_final))
-        step_metrics["gdro/recipe/padding_rows"] = float(padding_rows)
-        step_metrics["gdro/recipe/multiplier_mean"] = float(np.mean(observed)) if len(observed) else 1.0  # canonical order: bit-stable
+        step_metrics["gdro/recipe/realised_rollouts"] = float(len(plan.session_uids))
+        step_metrics["gdro/recipe/failed_sessions"] = float(plan.failed_sessions)
+        step_metrics["gdro/recipe/failed_groups"] = float(plan.failed_groups)
+        step_metrics["gdro/recipe/padding_rows"] = float(plan.padding_rows)
+        # canonical order: bit-stable across resumes
+        step_metrics["gdro/recipe/multiplier_mean"] = float(np.mean(observed)) if len(observed) else 1.0
         step_metrics["gdro/recipe/driver_ms"] = 1000.0 * self._gdro_time
         self._gdro_pending = {}
         self._gdro_time = 0.0
         self._gdro_step_metrics = step_metrics
         metrics.update({k: v for k, v in step_metrics.items() if math.isfinite(v)})
-        return batch
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
@@ -302,6 +435,33 @@ class GDROTrainerSync(PPOTrainerSync):
         if path:
             append_metrics_jsonl(path, global_steps, self._gdro_step_metrics)
         self._gdro_step_metrics = {}
+
+    # ------------------------------------------------------------------ validation
+    def _val_metrics_update(
+        self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=None
+    ) -> dict[str, float]:
+        metrics = super()._val_metrics_update(
+            data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
+        )
+        if self.gdro_enabled:
+            # Per data source: prompt count (for pooling) and the exact pass@k, for the metrics file only.
+            self._gdro_val_extra = validation_pass_at_k(
+                data_sources, sample_uids, reward_extra_infos_dict.get("acc"), expected_acc_counts
+            )
+        return metrics
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results_table``)."""
+        self._gdro_val_extra = {}
+        val_metrics = super()._validate()
+        path = self.gdro_metrics_path() if self.gdro_enabled else None
+        if path and val_metrics:
+            record = {k: v for k, v in val_metrics.items() if isinstance(v, (int, float, np.number))}
+            record.update(self._gdro_val_extra)
+            append_validation_jsonl(path, self.global_steps, record)
+        self._gdro_val_extra = {}
+        return val_metrics
 
     # ------------------------------------------------------------------ checkpoints
     def _step_folder(self, step: int) -> str:
@@ -316,7 +476,7 @@ class GDROTrainerSync(PPOTrainerSync):
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
 
-    def _resume_folder(self) -> Optional[str]:
+    def _resume_folder(self) -> str | None:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None if none)."""
         mode = self.config.trainer.resume_mode
         if mode == "auto":
@@ -371,5 +531,7 @@ class GDROTrainerSync(PPOTrainerSync):
         if metrics_path:
             dropped = rewind_metrics_jsonl(metrics_path, self.global_steps)
             if dropped:
-                logger.info("GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path)
+                logger.info(
+                    "GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path
+                )
         logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)

@@ -79,6 +79,27 @@ def math_rows(answers: list[int], index: list[Any] | None = None) -> list[dict]:
     return rows
 
 
+def eval_rows(specs: list[tuple[str, str, int]]) -> list[dict]:
+    """Rows of the given (data_source, ground truth, extra_info.index): math sets take an integer answer,
+    ``gpqa_diamond`` a letter A-D (as data_prep/eval_sets.py writes them)."""
+    rows = []
+    for source, truth, idx in specs:
+        if source == "gpqa_diamond":
+            question = f"Which option? {idx}"
+        else:
+            question = f"Problem {idx}: what is {int(truth) - 3} + 3?"
+        rows.append(
+            {
+                "data_source": source,
+                "prompt": [{"role": "user", "content": question}],
+                "ability": "science" if source == "gpqa_diamond" else "math",
+                "reward_model": {"style": "rule", "ground_truth": truth},
+                "extra_info": {"split": "test", "index": idx},
+            }
+        )
+    return rows
+
+
 def write_parquet(path: str, rows: list[dict]) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
@@ -89,10 +110,13 @@ class Script:
     """Which scripted responses are correct: prompt ``index`` is solved at rate ``rates[index]``.
 
     Deterministic in (index, session, step), so two runs (or a resumed run) see the same outcomes.
+    ``fail`` lists (index, session, step) whose agent loop returns no output (a failed session: verl
+    puts no trajectory for it).
     """
 
-    def __init__(self, rates: dict[int, float]):
+    def __init__(self, rates: dict[int, float], fail: set[tuple[int, int, int]] | None = None):
         self.rates = dict(rates)
+        self.fail = set(fail or ())
 
     def correct(self, index: int, session: int, step: int) -> bool:
         h = (index * 73856093) ^ (session * 19349663) ^ (step * 83492791)
@@ -100,6 +124,11 @@ class Script:
 
     @staticmethod
     def response(ground_truth: str, correct: bool) -> str:
+        if ground_truth in ("A", "B", "C", "D"):
+            # Multiple choice: "Answer: (B) option text". Only a letter-aware scorer (data_prep.reward_fn's
+            # GPQA path) reads B from it; math_dapo compares the whole line with "B" and says wrong.
+            letter = ground_truth if correct else "ABCD"[("ABCD".index(ground_truth) + 1) % 4]
+            return f"The option that fits is {letter}.\nAnswer: ({letter}) option {letter}"
         answer = ground_truth if correct else str(int(ground_truth) + 1)
         return f"Adding three gives {answer}.\nAnswer: {answer}"
 
@@ -123,6 +152,10 @@ def make_scripted_worker_cls():
         async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
             try:
                 index, session, step = int(kwargs["index"]), int(kwargs["session_id"]), int(kwargs["global_steps"])
+                if (index, session, step) in self.script.fail and not trajectory["validate"]:
+                    self.script_log.append({"step": step, "uid": str(kwargs["uid"]), "index": index,
+                                            "session": session, "correct": None, "failed": True})
+                    return await self._agent_loop_postprocess([], trajectory["validate"], **kwargs)
                 messages = list(kwargs["raw_prompt"])
                 prompt_text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
                 prompt_ids = self.tokenizer.encode(prompt_text, add_special_tokens=False)
@@ -175,7 +208,8 @@ class StandInAgentLoopManager:
     returns at once and the replay buffer polls; waiting here keeps the test free of poll sleeps).
     """
 
-    def __init__(self, config, tokenizer, script: Script):
+    def __init__(self, config, tokenizer, script: Script, ignore_rollout_n: bool = False):
+        self.ignore_rollout_n = ignore_rollout_n  # act like a verl whose worker ignores __rollout_n__
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="standin-agent-loop", daemon=True)
         self.thread.start()
@@ -220,8 +254,11 @@ class StandInAgentLoopManager:
             "uid": [str(u) for u in list(batch["uid"])],
             "index": [int(i) for i in list(batch["index"])],
             "rollout_n": [int(n) for n in list(batch["__rollout_n__"])] if "__rollout_n__" in batch.keys() else None,
+            "validate": bool(batch["validate"]) if "validate" in batch.keys() else False,
         }
         self.batches.append(record)
+        if self.ignore_rollout_n and "__rollout_n__" in batch.keys():
+            batch = batch.exclude("__rollout_n__")
         self._call(self._generate(batch))
         if self.worker.errors:
             raise RuntimeError(f"stand-in agent loop failed: {self.worker.errors}")
@@ -260,7 +297,9 @@ class FakeActorWorkerGroup:
 
     def _write_log_probs(self, batch, field: str, shift: float, with_entropy: bool):
         data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses", "rollout_log_probs"]
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            select_fields=["prompts", "responses", "rollout_log_probs"],
         )
         p_lens = data["prompts"].offsets().diff().tolist()
         r_lens = data["responses"].offsets().diff().tolist()
@@ -275,7 +314,8 @@ class FakeActorWorkerGroup:
         fields = {field: torch.nested.as_nested_tensor(log_probs, layout=torch.jagged)}
         if with_entropy:
             fields["entropy"] = torch.nested.as_nested_tensor(entropy, layout=torch.jagged)
-        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=TensorDict(fields, batch_size=len(batch)))
+        fields = TensorDict(fields, batch_size=len(batch))
+        tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         return batch
 
     def compute_log_prob(self, batch):
@@ -391,10 +431,10 @@ def clear_transfer_queue():
             tq.kv_clear(keys=list(items), partition_id=partition)
 
 
-def run_fit(trainer_cls, config, tokenizer, script):
+def run_fit(trainer_cls, config, tokenizer, script, **manager_kwargs):
     """Build the trainer with stand-ins, run verl's fit, return (trainer, agent loop manager)."""
     clear_transfer_queue()
-    manager = StandInAgentLoopManager(config, tokenizer, script)
+    manager = StandInAgentLoopManager(config, tokenizer, script, **manager_kwargs)
     try:
         trainer = standin_trainer_cls(trainer_cls, tokenizer)(config=config)
         trainer.init()

@@ -1,0 +1,160 @@
+"""Validation lines in the GDRO metrics file and the Table-1 command (recipe.gdro.results_table)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from recipe.gdro import results_table as RT
+from recipe.gdro.metrics_io import (
+    append_metrics_jsonl,
+    append_validation_jsonl,
+    read_metrics_jsonl,
+    read_validation_jsonl,
+    rewind_metrics_jsonl,
+    validation_pass_at_k,
+)
+
+SOURCES = ["math500", "aime2024", "aime2025", "amc23", "minerva", "olympiadbench", "gpqa_diamond"]
+
+
+def val_record(means: dict[str, float], passes: dict[str, float], prompts: dict[str, int], k: int = 8) -> dict:
+    record = {"val-aux/num_turns/mean": 2.0}
+    for s in SOURCES:
+        record[f"val-core/{s}/acc/mean@{k}"] = means[s]
+        record[f"val-core/{s}/acc/best@{k}/mean"] = passes[s] - 0.05  # verl's (biased) bootstrap
+        record[f"val-aux/{s}/acc/std@{k}"] = 0.1
+        record[f"gdro/val/{s}/prompts"] = float(prompts[s])
+        record[f"gdro/val/{s}/acc/pass@{k}"] = passes[s]
+    return record
+
+
+def uniform(value: float) -> dict[str, float]:
+    return {s: value for s in SOURCES}
+
+
+def test_pass_at_k_is_exact_and_counts_failed_sessions():
+    # source a: prompt u1 2/4 correct, u2 0/4 -> pass@4 = (1 + 0)/2; source b: k=4 but u3 has 3 responses
+    # and an expected count of 4 (one failed session = wrong): 1 correct of 4 -> pass@4 = 1.
+    sources = ["a"] * 8 + ["b"] * 3 + ["c"]
+    uids = ["u1"] * 4 + ["u2"] * 4 + ["u3"] * 3 + ["u4"]
+    acc = [True, False, True, False, False, False, False, False, False, True, False, None]
+    out = validation_pass_at_k(sources, uids, acc, {("b", "u3"): 4, ("a", "u1"): 4, ("c", "u4"): 2})
+    assert out["gdro/val/a/prompts"] == 2 and out["gdro/val/a/acc/pass@4"] == 0.5
+    assert out["gdro/val/b/prompts"] == 1 and out["gdro/val/b/acc/pass@4"] == 1.0
+    assert "gdro/val/c/prompts" not in out  # no acc reported for c
+    # unbiased estimator below n: n=4, c=1, k=2 would be 1 - C(3,2)/C(4,2) = 0.5; here k = max n per source.
+    out = validation_pass_at_k(["s"] * 6, ["x"] * 4 + ["y"] * 2, [1.0, 0.0, 0.0, 0.0, 1.0, 1.0])
+    assert out["gdro/val/s/acc/pass@4"] == pytest.approx((1.0 + 1.0) / 2)
+    with pytest.raises(ValueError, match="2 data sources, 1 uids"):
+        validation_pass_at_k(["s", "s"], ["x"], [True, False])
+
+
+def test_validation_lines_are_separate_from_training_lines_and_rewind(tmp_path):
+    path = tmp_path / "gdro_metrics.jsonl"
+    append_validation_jsonl(path, 0, {"val-core/math500/acc/mean@8": 0.25})
+    for step in (1, 2, 3):
+        append_metrics_jsonl(path, step, {"gdro/mu": float(step)})
+        if step % 2 == 0:
+            append_validation_jsonl(path, step, {"val-core/math500/acc/mean@8": 0.5 + step / 10})
+    append_validation_jsonl(path, 4, {"val-core/math500/acc/mean@8": float("nan")})
+    assert [r["step"] for r in read_metrics_jsonl(path)] == [1, 2, 3]
+    assert all("val_step" not in r for r in read_metrics_jsonl(path))
+    val = read_validation_jsonl(path)
+    assert [r["val_step"] for r in val] == [0, 2, 4]
+    assert val[1]["val-core/math500/acc/mean@8"] == pytest.approx(0.7)
+    assert math.isnan(val[2]["val-core/math500/acc/mean@8"])
+    # resume from global_step_2: step 3's training line and step 4's validation line go; step 2's stay
+    assert rewind_metrics_jsonl(path, 2) == 2
+    assert [r["step"] for r in read_metrics_jsonl(path)] == [1, 2]
+    assert [r["val_step"] for r in read_validation_jsonl(path)] == [0, 2]
+    with pytest.raises(ValueError, match="reserved"):
+        append_validation_jsonl(path, 5, {"val_step": 1.0})
+    with pytest.raises(ValueError, match="no metrics"):
+        append_validation_jsonl(path, 5, {})
+
+
+def write_run(path, records: list[tuple[int, dict]]):
+    for step, record in records:
+        append_metrics_jsonl(path, max(step, 1), {"gdro/mu": 0.1})
+        append_validation_jsonl(path, step, record)
+
+
+def test_table_rows_best_last_and_pooling(tmp_path):
+    prompts = {"math500": 500, "aime2024": 30, "aime2025": 30, "amc23": 40, "minerva": 272,
+               "olympiadbench": 675, "gpqa_diamond": 198}
+    means_50 = {**uniform(0.4), "aime2024": 0.1, "aime2025": 0.3}
+    means_100 = uniform(0.5)  # the best mean over the six columns
+    means_150 = uniform(0.45)
+    passes = {**uniform(0.6), "math500": 0.9}
+    run = tmp_path / "grpo_8b"
+    run.mkdir()
+    write_run(run / "gdro_metrics.jsonl", [(50, val_record(means_50, passes, prompts)),
+                                           (100, val_record(means_100, passes, prompts)),
+                                           (150, val_record(means_150, passes, prompts))])
+    (best,) = RT.build_rows([str(run)], "best")
+    assert best.step == 100 and best.k == 8 and best.pass_source == "exact"
+    assert best.columns["MATH500"] == 0.5
+    pooled = (0.9 * 500 + 0.6 * (1745 - 500)) / 1745
+    assert best.pass_at_k == pytest.approx(pooled)
+    (last,) = RT.build_rows([str(run / "gdro_metrics.jsonl")], "last")
+    assert last.step == 150
+    (first,) = RT.build_rows([str(run)], "50")
+    assert first.columns["AIME"] == pytest.approx(0.2)  # mean of 2024 and 2025
+    text = RT.markdown([best, first])
+    lines = text.splitlines()
+    assert lines[1] == "| run | step | MATH500 | AIME | AMC | Minerva | Olympiad | GPQA | pass@8 |"
+    assert lines[3] == f"| grpo_8b | 100 | 50.00 | 50.00 | 50.00 | 50.00 | 50.00 | 50.00 | {100 * pooled:.2f} |"
+    assert lines[4].startswith("| grpo_8b | 50 | 40.00 | 20.00 | 40.00 |")
+
+
+def test_pass_falls_back_to_verl_bootstrap_weighted_by_set_sizes(tmp_path):
+    record = val_record(uniform(0.5), {**uniform(0.6), "gpqa_diamond": 0.8}, {s: 1 for s in SOURCES})
+    for s in SOURCES:
+        del record[f"gdro/val/{s}/prompts"], record[f"gdro/val/{s}/acc/pass@8"]
+    path = tmp_path / "m.jsonl"
+    append_validation_jsonl(path, 10, record)
+    (row,) = RT.build_rows([str(path)])
+    sizes = RT.SET_SIZES
+    expected = sum((0.75 if s == "gpqa_diamond" else 0.55) * sizes[s] for s in SOURCES) / sum(sizes.values())
+    assert row.pass_at_k == pytest.approx(expected) and row.pass_source == "verl-bootstrap"
+
+
+def test_cli_markdown_csv_and_clear_errors(tmp_path, capsys):
+    prompts = dict.fromkeys(SOURCES, 10)
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append_validation_jsonl(a, 20, val_record(uniform(0.3), uniform(0.5), prompts))
+    append_validation_jsonl(b, 20, val_record(uniform(0.6), uniform(0.7), prompts))
+    out_csv = tmp_path / "t.csv"
+    assert RT.main([str(a), str(b), "--csv", str(out_csv)]) == 0
+    printed = capsys.readouterr().out
+    assert "| a.jsonl | 20 | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 30.00 | 50.00 |" in printed
+    with open(out_csv) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == [str(a), str(b)]
+    assert float(rows[1]["GPQA"]) == pytest.approx(60.0) and float(rows[1]["pass_at_k"]) == pytest.approx(70.0)
+
+    # a training-only file: no validation lines
+    train_only = tmp_path / "train.jsonl"
+    append_metrics_jsonl(train_only, 1, {"gdro/mu": 0.1})
+    assert RT.main([str(train_only)]) == 2
+    assert "no validation lines" in capsys.readouterr().err
+    # a missing benchmark is named
+    record = val_record(uniform(0.3), uniform(0.5), prompts)
+    del record["val-core/minerva/acc/mean@8"]
+    missing = tmp_path / "missing.jsonl"
+    append_validation_jsonl(missing, 5, record)
+    assert RT.main([str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "benchmark 'minerva' is missing" in err and "step 5" in err
+    # an unvalidated step, a bad --step, a missing file
+    assert RT.main([str(a), "--step", "7"]) == 2
+    assert "validated steps: [20]" in capsys.readouterr().err
+    assert RT.main([str(a), "--step", "worst"]) == 2
+    assert "--step must be best, last or an integer" in capsys.readouterr().err
+    assert RT.main([str(tmp_path / "nope")]) == 2
+    assert "no such metrics file" in capsys.readouterr().err
+    json.loads(a.read_text().splitlines()[0])  # the file stays plain JSON lines
