@@ -29,6 +29,14 @@ Schema (all keys; ``?`` = optional, with its default)::
             - {weight: float > 0, mean: float, std: float >= 0}
         unsolvable?: float        0.0    fraction of the skill's prompts no policy can solve (p ≡ 0)
         transfer?: float          top-level transfer, for this skill only
+    learner?: mapping             parameters of the shared learner (``--learner shared``; the
+                                  logistic learner ignores them; see sim_learner):
+      rep_dim?: int               ceil(S/2)  D, dimensions of the shared representation
+      feature_overlap?: float     0.6    ρ in [0, 1], common part of the skills' feature vectors
+      forgetting?: float          0.003  λ in [0, 1), per-step decay of w
+      capacity?: float            6.0    C > 0, bound on ‖w‖
+      curvature?: float           2.0    κ >= 0, general-competence loss per unit ‖Δw‖²
+      recovery?: float            0.05   ρ_b in (0, 1], per-step recovery of that loss
     gdro?: mapping                overrides of the verl_ext ``gdro:`` config for every method
                                   (binner.*, prompt.*, rollout.* except the enable flags)
 """
@@ -70,6 +78,21 @@ class Skill:
 
 
 @dataclass
+class LearnerParams:
+    """Parameters of the shared learner (see recipe/gdro/sim_learner.py)."""
+
+    rep_dim: Optional[int] = None
+    feature_overlap: float = 0.6
+    forgetting: float = 0.003
+    capacity: float = 6.0
+    curvature: float = 2.0
+    recovery: float = 0.05
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("rep_dim", "feature_overlap", "forgetting", "capacity", "curvature", "recovery")}
+
+
+@dataclass
 class Scenario:
     name: str
     num_prompts: int
@@ -85,6 +108,7 @@ class Scenario:
     norm_adv_by_std: bool = True
     seeds: int = 3
     gdro: dict[str, Any] = field(default_factory=dict)
+    learner: LearnerParams = field(default_factory=LearnerParams)
     source: str = ""  # file it was loaded from
 
     def skill_transfer(self) -> list[float]:
@@ -116,6 +140,7 @@ class Scenario:
             "steps": self.steps,
             "seeds": self.seeds,
             "skills": skills,
+            "learner": self.learner.to_dict(),
             "gdro": copy.deepcopy(self.gdro),
         }
 
@@ -176,7 +201,7 @@ class _V:
 
 
 _TOP_REQUIRED = {"num_prompts", "batch_size", "lr", "steps", "skills"}
-_TOP_OPTIONAL = {"name", "description", "num_eval_prompts", "n_mean", "transfer", "grad_noise", "norm_adv_by_std", "seeds", "gdro"}
+_TOP_OPTIONAL = {"name", "description", "num_eval_prompts", "n_mean", "transfer", "grad_noise", "norm_adv_by_std", "seeds", "gdro", "learner"}
 _GDRO_ENABLE_KEYS = {("prompt", "enable"), ("rollout", "enable")}
 
 
@@ -251,6 +276,18 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
             v.fail(f"gdro.{section}.{key}", gdro[section][key], "is set by the method, not the scenario")
     if isinstance(gdro.get("rollout"), dict) and "n_mean" in gdro["rollout"]:
         v.fail("gdro.rollout.n_mean", gdro["rollout"]["n_mean"], "use the top-level n_mean (it is the budget of every method)")
+    lraw = d.get("learner", {}) or {}
+    v.keys(lraw, "learner", set(), set(LearnerParams().to_dict()))
+    lp = LearnerParams(
+        rep_dim=None if lraw.get("rep_dim") is None else v.int_("learner.rep_dim", lraw["rep_dim"], 1),
+        feature_overlap=v.float_("learner.feature_overlap", lraw.get("feature_overlap", 0.6), lo=0.0, hi=1.0),
+        forgetting=v.float_("learner.forgetting", lraw.get("forgetting", 0.003), lo=0.0, hi=1.0, hi_open=True),
+        capacity=v.float_("learner.capacity", lraw.get("capacity", 6.0), lo=0.0, lo_open=True),
+        curvature=v.float_("learner.curvature", lraw.get("curvature", 2.0), lo=0.0),
+        recovery=v.float_("learner.recovery", lraw.get("recovery", 0.05), lo=0.0, hi=1.0, lo_open=True),
+    )
+    if lp.rep_dim is not None and lp.rep_dim > 32:
+        v.fail("learner.rep_dim", lp.rep_dim, "must be <= 32")
     sc = Scenario(
         name=name,
         description=v.str_("description", d.get("description", "")),
@@ -266,6 +303,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
         seeds=v.int_("seeds", d.get("seeds", 3), 1),
         skills=skills,
         gdro=copy.deepcopy(gdro),
+        learner=lp,
         source=source,
     )
     # Validate the gdro overrides now (with every adversary on), so a typo fails before any step runs.
