@@ -96,7 +96,9 @@ def _allocate_counts(freqs: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def _draw_prompts(scenario: Scenario, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _draw_prompts(
+    scenario: Scenario, total: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Skill id, difficulty offset and solvable flag for ``total`` prompts (shuffled order)."""
     freqs = np.array([s.frequency for s in scenario.skills], dtype=np.float64)
     counts = _allocate_counts(freqs, total)
@@ -128,7 +130,9 @@ class _LearnerBase:
         self.lr = float(scenario.lr if lr is None else lr)
         data_rng = np.random.default_rng([self.seed, 0])
         self.skill_of, self.offset, self.solvable = _draw_prompts(scenario, scenario.num_prompts, data_rng)
-        self.eval_skill_of, self.eval_offset, self.eval_solvable = _draw_prompts(scenario, scenario.num_eval_prompts, data_rng)
+        self.eval_skill_of, self.eval_offset, self.eval_solvable = _draw_prompts(
+            scenario, scenario.num_eval_prompts, data_rng
+        )
         self.num_skills = len(scenario.skills)
         self.own = np.zeros(scenario.num_prompts)
         self.tau = np.asarray(scenario.skill_transfer(), dtype=np.float64)
@@ -197,7 +201,9 @@ class _LearnerBase:
 
         scores = torch.from_numpy(rewards.astype(np.float32))[:, None]
         mask = torch.ones_like(scores)
-        adv, _ = compute_grpo_outcome_advantage(scores, mask, np.asarray(group_index), norm_adv_by_std_in_grpo=self.sc.norm_adv_by_std)
+        adv, _ = compute_grpo_outcome_advantage(
+            scores, mask, np.asarray(group_index), norm_adv_by_std_in_grpo=self.sc.norm_adv_by_std
+        )
         return adv[:, 0].numpy().astype(np.float64)
 
     # ------------------------------------------------------------------ update

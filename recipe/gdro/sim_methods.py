@@ -60,7 +60,7 @@ def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
         parts = [p for p in key.split(".") if p]
         if parts and parts[0] == "gdro":
             parts = parts[1:]
-            item = item.split("=", 1)[0].strip()[len("gdro."):] + "=" + item.split("=", 1)[1]
+            item = item.split("=", 1)[0].strip()[len("gdro.") :] + "=" + item.split("=", 1)[1]
         if len(parts) < 2 or parts[0] not in ("binner", "prompt", "rollout"):
             raise ValueError(f"--set {item!r}: KEY must be binner.*, prompt.* or rollout.* (a verl_ext gdro key)")
         if tuple(parts) in (("prompt", "enable"), ("rollout", "enable")):
@@ -74,8 +74,18 @@ def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
 
 # The lr table written by ``python -m recipe.gdro.sim_sweep tune`` and read by ``simulate --tuned-lr``.
 TUNED_LR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios", "tuned_lr.csv")
-TUNED_LR_COLUMNS = ("scenario", "learner", "method", "best_lr_scale", "best_lr", "grid", "tuning_seeds", "steps",
-                    "tuning_metric", "metric_by_scale")
+TUNED_LR_COLUMNS = (
+    "scenario",
+    "learner",
+    "method",
+    "best_lr_scale",
+    "best_lr",
+    "grid",
+    "tuning_seeds",
+    "steps",
+    "tuning_metric",
+    "metric_by_scale",
+)
 
 
 def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str = TUNED_LR_FILE) -> dict[str, float]:
@@ -89,12 +99,16 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
     table = {(r["scenario"], r["learner"], r["method"]): float(r["best_lr_scale"]) for r in rows}
     missing = [m for m in methods if (scenario, learner, m) not in table]
     if missing:
-        raise ValueError(f"{path}: no tuned lr for scenario {scenario!r}, learner {learner!r}, method(s) {', '.join(missing)}; "
-                         "run python -m recipe.gdro.sim_sweep tune for it")
+        raise ValueError(
+            f"{path}: no tuned lr for scenario {scenario!r}, learner {learner!r}, method(s) {', '.join(missing)}; "
+            "run python -m recipe.gdro.sim_sweep tune for it"
+        )
     return {m: table[(scenario, learner, m)] for m in methods}
 
 
-def build_gdro_dict(scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
+def build_gdro_dict(
+    scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int
+) -> dict[str, Any]:
     """The verl_ext ``gdro:`` mapping for one method of one run.
 
     ``method`` is a preset name or an explicit preset mapping (used by the defaults sweep).

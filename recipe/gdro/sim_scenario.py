@@ -89,7 +89,10 @@ class LearnerParams:
     recovery: float = 0.05
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("rep_dim", "feature_overlap", "forgetting", "capacity", "curvature", "recovery")}
+        return {
+            k: getattr(self, k)
+            for k in ("rep_dim", "feature_overlap", "forgetting", "capacity", "curvature", "recovery")
+        }
 
 
 @dataclass
@@ -122,7 +125,12 @@ class Scenario:
                 diff: dict[str, Any] = {"mean": s.components[0].mean, "std": s.components[0].std}
             else:
                 diff = {"mixture": [{"weight": c.weight, "mean": c.mean, "std": c.std} for c in s.components]}
-            d: dict[str, Any] = {"name": s.name, "frequency": s.frequency, "difficulty": diff, "unsolvable": s.unsolvable}
+            d: dict[str, Any] = {
+                "name": s.name,
+                "frequency": s.frequency,
+                "difficulty": diff,
+                "unsolvable": s.unsolvable,
+            }
             if s.transfer is not None:
                 d["transfer"] = s.transfer
             skills.append(d)
@@ -179,7 +187,16 @@ class _V:
             self.fail(key, value, f"must be >= {lo}")
         return int(value)
 
-    def float_(self, key: str, value: Any, *, lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> float:
+    def float_(
+        self,
+        key: str,
+        value: Any,
+        *,
+        lo: float = -math.inf,
+        hi: float = math.inf,
+        lo_open: bool = False,
+        hi_open: bool = False,
+    ) -> float:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             self.fail(key, value, "must be a finite number")
         v = float(value)
@@ -201,7 +218,18 @@ class _V:
 
 
 _TOP_REQUIRED = {"num_prompts", "batch_size", "lr", "steps", "skills"}
-_TOP_OPTIONAL = {"name", "description", "num_eval_prompts", "n_mean", "transfer", "grad_noise", "norm_adv_by_std", "seeds", "gdro", "learner"}
+_TOP_OPTIONAL = {
+    "name",
+    "description",
+    "num_eval_prompts",
+    "n_mean",
+    "transfer",
+    "grad_noise",
+    "norm_adv_by_std",
+    "seeds",
+    "gdro",
+    "learner",
+}
 _GDRO_ENABLE_KEYS = {("prompt", "enable"), ("rollout", "enable")}
 
 
@@ -227,7 +255,13 @@ def _parse_components(v: _V, where: str, diff: Any) -> list[NormalComponent]:
             c.weight /= total
         return comps
     v.keys(diff, where, {"mean", "std"}, set())
-    return [NormalComponent(1.0, v.float_(f"{where}.mean", diff["mean"], lo=-30, hi=30), v.float_(f"{where}.std", diff["std"], lo=0.0, hi=30))]
+    return [
+        NormalComponent(
+            1.0,
+            v.float_(f"{where}.mean", diff["mean"], lo=-30, hi=30),
+            v.float_(f"{where}.std", diff["std"], lo=0.0, hi=30),
+        )
+    ]
 
 
 def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
@@ -262,7 +296,9 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
                 frequency=v.float_(f"{w}.frequency", s["frequency"], lo=0.0, lo_open=True),
                 components=_parse_components(v, f"{w}.difficulty", s["difficulty"]),
                 unsolvable=v.float_(f"{w}.unsolvable", s.get("unsolvable", 0.0), lo=0.0, hi=1.0, hi_open=True),
-                transfer=None if s.get("transfer") is None else v.float_(f"{w}.transfer", s["transfer"], lo=0.0, hi=1.0),
+                transfer=None
+                if s.get("transfer") is None
+                else v.float_(f"{w}.transfer", s["transfer"], lo=0.0, hi=1.0),
             )
         )
     if num_prompts < len(skills):
@@ -275,7 +311,11 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
         if isinstance(gdro.get(section), dict) and key in gdro[section]:
             v.fail(f"gdro.{section}.{key}", gdro[section][key], "is set by the method, not the scenario")
     if isinstance(gdro.get("rollout"), dict) and "n_mean" in gdro["rollout"]:
-        v.fail("gdro.rollout.n_mean", gdro["rollout"]["n_mean"], "use the top-level n_mean (it is the budget of every method)")
+        v.fail(
+            "gdro.rollout.n_mean",
+            gdro["rollout"]["n_mean"],
+            "use the top-level n_mean (it is the budget of every method)",
+        )
     lraw = d.get("learner", {}) or {}
     v.keys(lraw, "learner", set(), set(LearnerParams().to_dict()))
     lp = LearnerParams(
@@ -308,7 +348,6 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
     )
     # Validate the gdro overrides now (with every adversary on), so a typo fails before any step runs.
     from recipe.gdro.sim_methods import build_gdro_dict  # local import: avoids a cycle
-
     from verl_ext import GDROConfigError, gdro_config_from_dict
 
     try:
@@ -334,7 +373,9 @@ def resolve_scenario_path(name_or_path: Optional[str]) -> str:
         cand = os.path.join(SCENARIO_DIR, target + ext)
         if os.path.isfile(cand):
             return cand
-    raise ScenarioError(f"scenario {target!r}: no such file, and not a shipped scenario (shipped: {', '.join(shipped_scenarios())})")
+    raise ScenarioError(
+        f"scenario {target!r}: no such file, and not a shipped scenario (shipped: {', '.join(shipped_scenarios())})"
+    )
 
 
 def load_scenario(name_or_path: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> Scenario:

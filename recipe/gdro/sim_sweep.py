@@ -73,22 +73,64 @@ TUNE_PRESETS: dict[str, dict[str, Any]] = {
 
 # Defaults study: (question, variant name, preset, the tuned method whose lr it uses, label).
 DEFAULTS_VARIANTS: list[tuple[str, str, dict[str, Any], str, str]] = [
-    ("Prompt-GDRO loss signal", "prompt_gdro-failure_rate", _prompt(loss_signal="failure_rate"), "prompt_gdro", "failure_rate"),
-    ("Prompt-GDRO loss signal", "prompt_gdro-mean_abs_advantage", _prompt(loss_signal="mean_abs_advantage"), "prompt_gdro",
-     "mean_abs_advantage"),
-    ("Prompt-GDRO normalisation", "prompt_gdro-normalize_all_responses", TUNE_PRESETS["prompt_gdro-normalize_all_responses"],
-     "prompt_gdro-normalize_all_responses", "all_responses (released; own tuned lr)"),
+    (
+        "Prompt-GDRO loss signal",
+        "prompt_gdro-failure_rate",
+        _prompt(loss_signal="failure_rate"),
+        "prompt_gdro",
+        "failure_rate",
+    ),
+    (
+        "Prompt-GDRO loss signal",
+        "prompt_gdro-mean_abs_advantage",
+        _prompt(loss_signal="mean_abs_advantage"),
+        "prompt_gdro",
+        "mean_abs_advantage",
+    ),
+    (
+        "Prompt-GDRO normalisation",
+        "prompt_gdro-normalize_all_responses",
+        TUNE_PRESETS["prompt_gdro-normalize_all_responses"],
+        "prompt_gdro-normalize_all_responses",
+        "all_responses (released; own tuned lr)",
+    ),
     ("Prompt-GDRO lagged weights", "prompt_gdro-lagged", _prompt(lagged=True), "prompt_gdro", "lagged=true"),
-    ("Bins (Prompt-GDRO)", "prompt_gdro-released_edges", _prompt(binner={"bin_edges": RELEASED_EDGES}), "prompt_gdro",
-     "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)"),
+    (
+        "Bins (Prompt-GDRO)",
+        "prompt_gdro-released_edges",
+        _prompt(binner={"bin_edges": RELEASED_EDGES}),
+        "prompt_gdro",
+        "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)",
+    ),
     ("Bins (Prompt-GDRO)", "prompt_gdro-bins6", _prompt(binner={"num_bins": 6}), "prompt_gdro", "K = 6 equal-width"),
-    ("Rollout-GDRO variance source", "rollout_gdro_sqrt-variance_prompt", _rollout(variance_source="prompt"),
-     "rollout_gdro_sqrt", "variance_source=prompt"),
-    ("Bins (Rollout-GDRO sqrt)", "rollout_gdro_sqrt-released_edges", _rollout(binner={"bin_edges": RELEASED_EDGES}),
-     "rollout_gdro_sqrt", "released edges (7 bins)"),
-    ("Bins (Rollout-GDRO sqrt)", "rollout_gdro_sqrt-bins6", _rollout(binner={"num_bins": 6}), "rollout_gdro_sqrt", "K = 6 equal-width"),
-    ("Joint-mode coupling", "joint-divide_by_allocation", {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"},
-                                                           "rollout": {"enable": True}}, "joint", "divide_by_allocation"),
+    (
+        "Rollout-GDRO variance source",
+        "rollout_gdro_sqrt-variance_prompt",
+        _rollout(variance_source="prompt"),
+        "rollout_gdro_sqrt",
+        "variance_source=prompt",
+    ),
+    (
+        "Bins (Rollout-GDRO sqrt)",
+        "rollout_gdro_sqrt-released_edges",
+        _rollout(binner={"bin_edges": RELEASED_EDGES}),
+        "rollout_gdro_sqrt",
+        "released edges (7 bins)",
+    ),
+    (
+        "Bins (Rollout-GDRO sqrt)",
+        "rollout_gdro_sqrt-bins6",
+        _rollout(binner={"num_bins": 6}),
+        "rollout_gdro_sqrt",
+        "K = 6 equal-width",
+    ),
+    (
+        "Joint-mode coupling",
+        "joint-divide_by_allocation",
+        {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True}},
+        "joint",
+        "divide_by_allocation",
+    ),
 ]
 # The reference row of each question: the current verl_ext default (a headline method).
 QUESTION_DEFAULT = {
@@ -101,13 +143,21 @@ QUESTION_DEFAULT = {
     "Bins (Rollout-GDRO sqrt)": ("rollout_gdro_sqrt", "K = 10 equal-width [default]"),
     "Joint-mode coupling": ("joint", "none [default]"),
 }
-ALLOCATOR_ROWS = [("rollout_gdro_bandit", "bandit"), ("rollout_gdro_knapsack", "knapsack"), ("grpo", "uniform (= GRPO)")]
+ALLOCATOR_ROWS = [
+    ("rollout_gdro_bandit", "bandit"),
+    ("rollout_gdro_knapsack", "knapsack"),
+    ("grpo", "uniform (= GRPO)"),
+]
 
 LR_CURVE_HEADER = "| scenario | method | " + " | ".join(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA) + " | best |"
-COMPARE_HEADER = ("| scenario | method | lr (× base) | mean acc. (%) | worst-skill acc. (%) | Δ mean (pts, 95% CI) "
-                  "| Δ worst-skill (pts, 95% CI) | SE red. (%) | var. red. (%) | efficiency (%) | adv. mass ratio |")
-DEFAULTS_HEADER = ("| question | variant | scenario | lr (× base) | mean acc. (%) | worst-skill acc. (%) "
-                   "| Δ mean vs default (pts, 95% CI) | Δ worst-skill vs default (pts, 95% CI) | SE red. (%) | efficiency (%) |")
+COMPARE_HEADER = (
+    "| scenario | method | lr (× base) | mean acc. (%) | worst-skill acc. (%) | Δ mean (pts, 95% CI) "
+    "| Δ worst-skill (pts, 95% CI) | SE red. (%) | var. red. (%) | efficiency (%) | adv. mass ratio |"
+)
+DEFAULTS_HEADER = (
+    "| question | variant | scenario | lr (× base) | mean acc. (%) | worst-skill acc. (%) "
+    "| Δ mean vs default (pts, 95% CI) | Δ worst-skill vs default (pts, 95% CI) | SE red. (%) | efficiency (%) |"
+)
 
 
 def _sep(header: str) -> str:
@@ -131,8 +181,16 @@ def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ tuning
-def tune(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[int], workers: Optional[int], out: str,
-         table_path: str = TUNED_LR_FILE, progress: bool = True) -> str:
+def tune(
+    scenarios: Sequence[str],
+    learner: str,
+    n_seeds: int,
+    steps: Optional[int],
+    workers: Optional[int],
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    progress: bool = True,
+) -> str:
     """Run the lr grid on tuning seeds; (re)write the rows of these scenarios/learner in the tuned-lr table."""
     os.makedirs(out, exist_ok=True)
     seeds = list(range(TUNE_SEED0, TUNE_SEED0 + n_seeds))
@@ -145,20 +203,38 @@ def tune(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[i
         for g in scales:
             methods = [m for m in TUNE_PRESETS if g in LR_GRID or m == "grpo"]
             names = [f"{m}@{g:g}" for m in methods]
-            res = run_experiment(sc, out, methods=names, presets={f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods},
-                                 lr_scales={n: g for n in names}, seeds=seeds, steps=steps, learner=learner, workers=workers,
-                                 progress=progress, write_files=False)
-            for m, n in zip(methods, names):
+            res = run_experiment(
+                sc,
+                out,
+                methods=names,
+                presets={f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods},
+                lr_scales={n: g for n in names},
+                seeds=seeds,
+                steps=steps,
+                learner=learner,
+                workers=workers,
+                progress=progress,
+                write_files=False,
+            )
+            for m, n in zip(methods, names, strict=True):
                 grid_runs[m][g] = float(res["methods"][n]["mean_accuracy"])
         for m, by in grid_runs.items():
             in_grid = {g: v for g, v in by.items() if g in LR_GRID}
             best = max(in_grid, key=lambda g: (in_grid[g], -abs(np.log(g))))  # ties: the scale closest to 1
-            rows.append({
-                "scenario": sc.name, "learner": learner, "method": m, "best_lr_scale": best, "best_lr": sc.lr * best,
-                "grid": " ".join(f"{g:g}" for g in LR_GRID), "tuning_seeds": " ".join(map(str, seeds)),
-                "steps": int(steps or sc.steps), "tuning_metric": "final held-out mean accuracy (mean over tuning seeds)",
-                "metric_by_scale": " ".join(f"{g:g}:{v:.4f}" for g, v in sorted(by.items())),
-            })
+            rows.append(
+                {
+                    "scenario": sc.name,
+                    "learner": learner,
+                    "method": m,
+                    "best_lr_scale": best,
+                    "best_lr": sc.lr * best,
+                    "grid": " ".join(f"{g:g}" for g in LR_GRID),
+                    "tuning_seeds": " ".join(map(str, seeds)),
+                    "steps": int(steps or sc.steps),
+                    "tuning_metric": "final held-out mean accuracy (mean over tuning seeds)",
+                    "metric_by_scale": " ".join(f"{g:g}:{v:.4f}" for g, v in sorted(by.items())),
+                }
+            )
             cells = [f"{100 * by[g]:.1f}" if g in by else "–" for g in LR_GRID + GRPO_EXTRA]
             curve_lines.append(f"| {sc.name} | {m} | " + " | ".join(cells) + f" | ×{best:g} |")
     # Keep rows of other scenarios / learners already in the table.
@@ -185,14 +261,19 @@ def _compare_rows(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], met
         e = res["methods"][m]
         same = e is ref
         lines.append(
-            f"| {scen} | {m.split('@')[0].replace('eqmass-', '')} | ×{e['lr_scale']:g} | {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
-            f"| {'–' if same else _delta(e, ref, 'mean_accuracy')} | {'–' if same else _delta(e, ref, 'worst_skill_accuracy')} "
-            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['efficiency'])} | {e['advantage_mass_ratio']:.2f} |"
+            f"| {scen} | {m.split('@')[0].replace('eqmass-', '')} | ×{e['lr_scale']:g} "
+            f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
+            f"| {'–' if same else _delta(e, ref, 'mean_accuracy')} "
+            f"| {'–' if same else _delta(e, ref, 'worst_skill_accuracy')} "
+            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['efficiency'])} "
+            f"| {e['advantage_mass_ratio']:.2f} |"
         )
     return lines
 
 
-def _outcomes(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str], ref_label: str) -> list[str]:
+def _outcomes(
+    scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str], ref_label: str
+) -> list[str]:
     out, any_mean, any_worst = [], False, False
     n = len(res["seeds"])
     for m in methods:
@@ -203,8 +284,11 @@ def _outcomes(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods
         dw = paired_ci(e["per_seed"]["worst_skill_accuracy"], ref["per_seed"]["worst_skill_accuracy"])
         any_mean |= dm[1] > 0
         any_worst |= dw[1] > 0
-        out.append(f"- {scen}: **{m.replace('eqmass-', '')}** vs {ref_label}: {100 * dm[0]:+.1f} mean / {100 * dw[0]:+.1f} worst-skill points "
-                   f"(paired, {n} seeds, 95% CI [{100 * dm[1]:+.1f}, {100 * dm[2]:+.1f}] / [{100 * dw[1]:+.1f}, {100 * dw[2]:+.1f}]).")
+        out.append(
+            f"- {scen}: **{m.replace('eqmass-', '')}** vs {ref_label}: "
+            f"{100 * dm[0]:+.1f} mean / {100 * dw[0]:+.1f} worst-skill points (paired, {n} seeds, 95% CI "
+            f"[{100 * dm[1]:+.1f}, {100 * dm[2]:+.1f}] / [{100 * dw[1]:+.1f}, {100 * dw[2]:+.1f}])."
+        )
     if not any_mean and not any_worst:
         out.append(f"- {scen}: **no method beats {ref_label}** on mean or worst-skill accuracy (no 95% CI above 0).")
     elif not any_mean:
@@ -214,8 +298,17 @@ def _outcomes(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods
     return out
 
 
-def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[int], workers: Optional[int], out: str,
-          table_path: str = TUNED_LR_FILE, progress: bool = True, command: str = "") -> str:
+def study(
+    scenarios: Sequence[str],
+    learner: str,
+    n_seeds: int,
+    steps: Optional[int],
+    workers: Optional[int],
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    progress: bool = True,
+    command: str = "",
+) -> str:
     os.makedirs(out, exist_ok=True)
     seeds = list(range(n_seeds))
     head = [COMPARE_HEADER, _sep(COMPARE_HEADER)]
@@ -228,10 +321,22 @@ def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[
     for name in scenarios:
         sc = load_scenario(name)
         tuned = lookup_tuned_lr(sc.name, learner, list(TUNE_PRESETS), table_path)
-        lr_note = "each method at its own tuned lr (× base): " + ", ".join(f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS)
-        headline = run_experiment(sc, os.path.join(out, sc.name), methods=list(DEFAULT_METHODS), lr_scales=tuned, seeds=seeds,
-                                  steps=steps, learner=learner, workers=workers, progress=progress, lr_note=lr_note,
-                                  title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`")
+        lr_note = "each method at its own tuned lr (× base): " + ", ".join(
+            f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS
+        )
+        headline = run_experiment(
+            sc,
+            os.path.join(out, sc.name),
+            methods=list(DEFAULT_METHODS),
+            lr_scales=tuned,
+            seeds=seeds,
+            steps=steps,
+            learner=learner,
+            workers=workers,
+            progress=progress,
+            lr_note=lr_note,
+            title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`",
+        )
         ref = headline["methods"]["grpo"]
         head += _compare_rows(sc.name, headline, ref, DEFAULT_METHODS)
         outcome_head += _outcomes(sc.name, headline, ref, DEFAULT_METHODS, "tuned GRPO")
@@ -250,8 +355,19 @@ def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[
         for _, vname, preset, lr_of, _ in DEFAULTS_VARIANTS:
             presets[vname] = preset
             scales[vname] = tuned[lr_of]
-        extra = run_experiment(sc, os.path.join(out, sc.name), methods=list(presets), presets=presets, lr_scales=scales,
-                               seeds=seeds, steps=steps, learner=learner, workers=workers, progress=progress, write_files=False)
+        extra = run_experiment(
+            sc,
+            os.path.join(out, sc.name),
+            methods=list(presets),
+            presets=presets,
+            lr_scales=scales,
+            seeds=seeds,
+            steps=steps,
+            learner=learner,
+            workers=workers,
+            progress=progress,
+            write_files=False,
+        )
         both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
         eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
         outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
@@ -264,12 +380,29 @@ def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[
             for label, v in rows:
                 e = both["methods"][v]
                 same = v == ref_m
-                dft.append(f"| {q} | {label} | {sc.name} | ×{e['lr_scale']:g} | {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
-                           f"| {'–' if same else _delta(e, r, 'mean_accuracy')} | {'–' if same else _delta(e, r, 'worst_skill_accuracy')} "
-                           f"| {_pct(e['se_reduction'])} | {_pct(e['efficiency'])} |")
-        summary[sc.name] = {m: {k: e[k] for k in ("lr_scale", "mean_accuracy", "worst_skill_accuracy", "se_reduction",
-                                                   "variance_reduction", "efficiency", "advantage_mass_ratio")} | {"per_seed": e["per_seed"]}
-                            for m, e in both["methods"].items()}
+                dft.append(
+                    f"| {q} | {label} | {sc.name} | ×{e['lr_scale']:g} "
+                    f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
+                    f"| {'–' if same else _delta(e, r, 'mean_accuracy')} "
+                    f"| {'–' if same else _delta(e, r, 'worst_skill_accuracy')} "
+                    f"| {_pct(e['se_reduction'])} | {_pct(e['efficiency'])} |"
+                )
+        summary[sc.name] = {
+            m: {
+                k: e[k]
+                for k in (
+                    "lr_scale",
+                    "mean_accuracy",
+                    "worst_skill_accuracy",
+                    "se_reduction",
+                    "variance_reduction",
+                    "efficiency",
+                    "advantage_mass_ratio",
+                )
+            }
+            | {"per_seed": e["per_seed"]}
+            for m, e in both["methods"].items()
+        }
     runtime = time.perf_counter() - t0
     files = {"headline.md": "\n".join(head), "equal_mass.md": "\n".join(eq), "defaults.md": "\n".join(dft)}
     for fn, text in files.items():
@@ -285,10 +418,12 @@ def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[
         f"> **{SYNTHETIC_NOTE}**",
         "",
         f"Reproduce: `{command}` ({runtime:.0f} s of simulation for the study; tuning separately).",
-        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {TUNE_SEED0}.. (different datasets,",
+        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {TUNE_SEED0}..",
+        "(different datasets,"
         f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in LR_GRID)}}} by final held-out mean accuracy.",
-        "Δ = paired per-seed difference (same seed = same dataset, batches, reward and noise draws), mean and 95% t interval;",
-        "↑ / ↓ = the interval lies above / below 0. SE figures: true per-prompt variances, steady-state window (second epoch on).",
+        "Δ = paired per-seed difference (same seed = same dataset, batches, reward and noise draws),",
+        "mean and 95% t interval; ↑ / ↓ = the interval lies above / below 0.",
+        "SE figures: true per-prompt variances, steady-state window (second epoch on).",
         "",
         "## Headline: every method at its own tuned lr (Δ vs tuned GRPO)",
         "",
@@ -313,17 +448,25 @@ def study(scenarios: Sequence[str], learner: str, n_seeds: int, steps: Optional[
     with open(os.path.join(out, "STUDY.md"), "w", encoding="utf-8") as f:
         f.write(text)
     with open(os.path.join(out, "study_summary.json"), "w", encoding="utf-8") as f:
-        json.dump({"synthetic_learner": True, "learner": learner, "command": command, "seeds": seeds, "results": summary},
-                  f, indent=1, default=float)
+        json.dump(
+            {"synthetic_learner": True, "learner": learner, "command": command, "seeds": seeds, "results": summary},
+            f,
+            indent=1,
+            default=float,
+        )
     return text
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.gdro.sim_sweep",
-                                description="lr tuning, tuned headline and defaults study on the SYNTHETIC learner.")
+    p = argparse.ArgumentParser(
+        prog="python -m recipe.gdro.sim_sweep",
+        description="lr tuning, tuned headline and defaults study on the SYNTHETIC learner.",
+    )
     p.add_argument("what", choices=["tune", "study", "all"])
     p.add_argument("--out", default=os.path.join("outputs", "sim_study"))
-    p.add_argument("--scenarios", nargs="+", default=shipped_scenarios(), help=f"default: {' '.join(shipped_scenarios())}")
+    p.add_argument(
+        "--scenarios", nargs="+", default=shipped_scenarios(), help=f"default: {' '.join(shipped_scenarios())}"
+    )
     p.add_argument("--learner", default=DEFAULT_LEARNER, choices=list(LEARNERS))
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds 0..N-1 (study)")
     p.add_argument("--tune-seeds", type=int, default=3, help=f"tuning seeds {TUNE_SEED0}..{TUNE_SEED0}+N-1")
@@ -336,9 +479,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         load_scenario(s)
     cmd = "python -m recipe.gdro.sim_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.what in ("tune", "all"):
-        print(tune(args.scenarios, args.learner, args.tune_seeds, args.steps, args.workers, args.out, args.table, not args.quiet))
+        print(
+            tune(
+                args.scenarios,
+                args.learner,
+                args.tune_seeds,
+                args.steps,
+                args.workers,
+                args.out,
+                args.table,
+                not args.quiet,
+            )
+        )
     if args.what in ("study", "all"):
-        print(study(args.scenarios, args.learner, args.seeds, args.steps, args.workers, args.out, args.table, not args.quiet, cmd))
+        print(
+            study(
+                args.scenarios,
+                args.learner,
+                args.seeds,
+                args.steps,
+                args.workers,
+                args.out,
+                args.table,
+                not args.quiet,
+                cmd,
+            )
+        )
     return 0
 
 

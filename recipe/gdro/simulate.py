@@ -58,7 +58,14 @@ SUMMARY_KEYS = (
     "efficiency",
     "advantage_mass_ratio",
 )
-EXTRA_CURVES = ("mu", "se_proxy_reduction", "true_se_reduction", "true_variance_reduction", "oracle_se_reduction", "advantage_mass_ratio")
+EXTRA_CURVES = (
+    "mu",
+    "se_proxy_reduction",
+    "true_se_reduction",
+    "true_variance_reduction",
+    "oracle_se_reduction",
+    "advantage_mass_ratio",
+)
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
 
 _PROGRESS: Any = None  # multiprocessing.Value shared with worker processes
@@ -163,7 +170,9 @@ def run_one(
     summary["worst_skill_accuracy_auc"] = float(curves["worst_skill_accuracy"][1:].mean())
     lo = steady_state_start(scenario, steps)
     win = slice(lo, steps + 1)
-    se, vr, orc = (float(np.mean(extra[k][win])) for k in ("true_se_reduction", "true_variance_reduction", "oracle_se_reduction"))
+    se, vr, orc = (
+        float(np.mean(extra[k][win])) for k in ("true_se_reduction", "true_variance_reduction", "oracle_se_reduction")
+    )
     summary["se_reduction"] = se
     summary["variance_reduction"] = vr
     summary["oracle_se_reduction"] = orc
@@ -232,14 +241,54 @@ def _init_worker(counter: Any) -> None:
 
 def _task(args: tuple) -> dict[str, Any]:
     scenario, method, seed, steps, preset, overrides, metrics_path, learner, lr_scale = args
-    return run_one(scenario, method, seed, steps=steps, preset=preset, overrides=overrides, metrics_path=metrics_path,
-                   progress=_PROGRESS, learner=learner, lr_scale=lr_scale)
+    return run_one(
+        scenario,
+        method,
+        seed,
+        steps=steps,
+        preset=preset,
+        overrides=overrides,
+        metrics_path=metrics_path,
+        progress=_PROGRESS,
+        learner=learner,
+        lr_scale=lr_scale,
+    )
 
 
 # ------------------------------------------------------------------------------------ statistics
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
 
 
 def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, int]:
@@ -338,8 +387,13 @@ def run_experiment(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="step", desc=f"simulating {scenario.name} [synthetic learner]",
-                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0)
+        bar = tqdm(
+            total=total,
+            unit="step",
+            desc=f"simulating {scenario.name} [synthetic learner]",
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 5.0,
+        )
 
     def tick(counter: Any) -> None:
         if bar is not None and counter.value > bar.n:
@@ -348,13 +402,23 @@ def run_experiment(
     if workers <= 1 or len(jobs) == 1:
         counter = _BarCounter(bar)
         for job in jobs:
-            r = run_one(*job[:3], steps=job[3], preset=job[4], overrides=job[5], metrics_path=job[6], progress=counter,
-                        learner=job[7], lr_scale=job[8])
+            r = run_one(
+                *job[:3],
+                steps=job[3],
+                preset=job[4],
+                overrides=job[5],
+                metrics_path=job[6],
+                progress=counter,
+                learner=job[7],
+                lr_scale=job[8],
+            )
             results[(r["method"], r["seed"])] = r
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         counter = ctx.Value("q", 0)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)
+        ) as pool:
             futures = [pool.submit(_task, job) for job in jobs]
             while not all(f.done() for f in futures):
                 tick(counter)
@@ -368,7 +432,9 @@ def run_experiment(
         bar.close()
     runtime = time.perf_counter() - t0
 
-    out = assemble_results(scenario, methods, seeds, steps, overrides, results, runtime, out_dir, learner=learner, lr_note=lr_note)
+    out = assemble_results(
+        scenario, methods, seeds, steps, overrides, results, runtime, out_dir, learner=learner, lr_note=lr_note
+    )
     if not write_files:
         return out
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
@@ -413,7 +479,9 @@ def assemble_results(
         entry["gdro_config"] = runs[0]["gdro_config"]
         for key in ("skill_accuracy_final", "skill_compute_share", "skill_data_share", "skill_rollouts_per_prompt"):
             arr = np.asarray([r[key] for r in runs])
-            entry[key.replace("_final", "")] = {n: round(float(v), 5) for n, v in zip(names, arr.mean(axis=0))}
+            entry[key.replace("_final", "")] = {
+                n: round(float(v), 5) for n, v in zip(names, arr.mean(axis=0), strict=True)
+            }
         curves: dict[str, Any] = {"step": list(range(steps + 1))}
         for k in list(CURVE_KEYS) + list(EXTRA_CURVES):
             arr = np.asarray([r["curves"][k] for r in runs], dtype=np.float64)
@@ -425,7 +493,9 @@ def assemble_results(
                 std = np.nanstd(arr, axis=0, ddof=1) if len(runs) > 1 else np.zeros(arr.shape[1])
             curves[k] = {"mean": _round_list(mean), "std": _round_list(std)}
         entry["curves"] = curves
-        entry["metrics_files"] = [os.path.relpath(os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl"), out_dir) for s in seeds]
+        entry["metrics_files"] = [
+            os.path.relpath(os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl"), out_dir) for s in seeds
+        ]
         per_method[m] = entry
     totals = {m: per_method[m]["per_seed"]["total_rollouts"] for m in methods}
     equal = len({t for v in totals.values() for t in v}) == 1
@@ -461,8 +531,10 @@ def _pct(x: Optional[float]) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
 
 
-RESULTS_HEADER = ("| method | lr | mean acc. (%) | worst-skill acc. (%) | pass@8 (%) | mean acc. AUC (%) "
-                  "| SE red. (%) | var. red. (%) | oracle SE red. (%) | efficiency (%) | adv. mass ratio | total rollouts |")
+RESULTS_HEADER = (
+    "| method | lr | mean acc. (%) | worst-skill acc. (%) | pass@8 (%) | mean acc. AUC (%) "
+    "| SE red. (%) | var. red. (%) | oracle SE red. (%) | efficiency (%) | adv. mass ratio | total rollouts |"
+)
 
 
 def results_table(res: Mapping[str, Any]) -> str:
@@ -475,7 +547,8 @@ def results_table(res: Mapping[str, Any]) -> str:
         lines.append(
             f"| {name} | {e['lr']:.4g} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} "
             f"| {_fmt(e['worst_skill_accuracy'], e['worst_skill_accuracy_std'])} "
-            f"| {_fmt(e['pass_at_8'], e['pass_at_8_std'])} | {_fmt(e['mean_accuracy_auc'], e['mean_accuracy_auc_std'])} "
+            f"| {_fmt(e['pass_at_8'], e['pass_at_8_std'])} "
+            f"| {_fmt(e['mean_accuracy_auc'], e['mean_accuracy_auc_std'])} "
             f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['oracle_se_reduction'])} "
             f"| {_pct(e['efficiency'])} | {e['advantage_mass_ratio']:.2f} | {e['total_rollouts']} |"
         )
@@ -512,8 +585,10 @@ def outcome_lines(res: Mapping[str, Any], baseline: str = "grpo", baseline_label
                 verdict.append(f"worse on {metric}")
             else:
                 verdict.append(f"no clear difference on {metric}")
-        out.append(f"- **{name}** vs {baseline_label}: {mt} mean / {wt} worst-skill points "
-                   f"(paired, {n} seeds, 95% CI): {', '.join(verdict)}.")
+        out.append(
+            f"- **{name}** vs {baseline_label}: {mt} mean / {wt} worst-skill points "
+            f"(paired, {n} seeds, 95% CI): {', '.join(verdict)}."
+        )
     if n >= 2:
         if not winners_mean and not winners_worst:
             out.append(f"- **No method beats {baseline_label}** on mean or worst-skill accuracy here (95% CI above 0).")
@@ -544,6 +619,7 @@ def skills_table(res: Mapping[str, Any]) -> str:
 def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str], title: Optional[str] = None) -> str:
     sc = res["scenario"]
     title = title or f"GDRO simulator — synthetic learner — scenario `{sc['name']}`"
+    overrides = json.dumps(res["gdro_overrides"]) if res["gdro_overrides"] else "none (verl_ext defaults)"
     lines = [
         f"# {title}",
         "",
@@ -558,12 +634,12 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
         f"- Learning rates: {res.get('lr_note') or 'the scenario lr for every method (not tuned)'}.",
         f"- Seeds: {res['seeds']} (mean ± sample std over seeds). Equal total rollouts across methods: "
         f"**{'yes' if res['equal_total_rollouts'] else 'NO'}**.",
-        f"- gdro overrides: `{json.dumps(res['gdro_overrides']) if res['gdro_overrides'] else 'none (verl_ext defaults)'}`; "
-        f"simulation time {res['runtime_seconds']:.1f} s.",
+        f"- gdro overrides: `{overrides}`; simulation time {res['runtime_seconds']:.1f} s.",
         "- Accuracies are exact expectations on held-out prompts of the same skills after the last step (synthetic).",
         "  AUC = mean over steps (learning speed).",
-        f"- SE figures use the learner's TRUE per-prompt variances p(1-p) and are averaged over the steady-state window "
-        f"(steps {res['steady_state_from_step']}..{res['steps']}: from the second epoch, when every prompt has been seen): "
+        "- SE figures use the learner's TRUE per-prompt variances p(1-p) and are averaged over the steady-state "
+        f"window (steps {res['steady_state_from_step']}..{res['steps']}: from the second epoch, when every prompt "
+        "has been seen): "
         "SE red. = 1 − se(n)/se(uniform), var. red. = 1 − V(n)/V(uniform), oracle SE red. = the best allocation "
         "for the true variances, efficiency = SE red. / oracle SE red. (ratio of window means). "
         "Adv. mass ratio = Σ|A·m| / Σ|A| (mean over steps; > 1 means a larger effective step than GRPO).",
@@ -601,25 +677,44 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m recipe.gdro.simulate",
         description="Compare GRPO / Prompt-GDRO / Rollout-GDRO / joint at equal rollouts on a SYNTHETIC learner.",
         epilog=f"Shipped scenarios: {shipped}. Learners: {', '.join(LEARNERS)} (default {DEFAULT_LEARNER}). "
-               "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim_sweep --help. See docs/simulator.md.",
+        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim_sweep --help. See docs/simulator.md.",
     )
-    p.add_argument("--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)")
-    p.add_argument("--learner", default=DEFAULT_LEARNER, choices=list(LEARNERS),
-                   help="synthetic learner: shared (shared representation, noise, interference, capacity, curvature; "
-                        "default) or logistic (the earlier monotone per-skill learner)")
+    p.add_argument(
+        "--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)"
+    )
+    p.add_argument(
+        "--learner",
+        default=DEFAULT_LEARNER,
+        choices=list(LEARNERS),
+        help="synthetic learner: shared (shared representation, noise, interference, capacity, curvature; "
+        "default) or logistic (the earlier monotone per-skill learner)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: outputs/sim_<scenario>)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the scenario's)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds: SEED .. SEED+K-1 (default: the scenario's)")
-    p.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_PRESETS), help="methods to compare (default: all)")
+    p.add_argument(
+        "--seeds", type=int, default=None, help="number of seeds: SEED .. SEED+K-1 (default: the scenario's)"
+    )
+    p.add_argument(
+        "--methods", nargs="+", default=None, choices=list(METHOD_PRESETS), help="methods to compare (default: all)"
+    )
     lr = p.add_mutually_exclusive_group()
     lr.add_argument("--lr-scale", type=float, default=None, help="multiply the scenario's lr by this for every method")
-    lr.add_argument("--tuned-lr", action="store_true",
-                    help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
-                         "(written by python -m recipe.gdro.sim_sweep tune)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate or "
-                        "binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1] (repeatable)")
+    lr.add_argument(
+        "--tuned-lr",
+        action="store_true",
+        help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
+        "(written by python -m recipe.gdro.sim_sweep tune)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate or "
+        "binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1] (repeatable)",
+    )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: min(2, cores))")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -649,8 +744,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         lr_note = ""
         if args.tuned_lr:
             lr_scales = lookup_tuned_lr(scenario.name, args.learner, methods)
-            lr_note = (f"each method at its own tuned lr (× base) from {os.path.relpath(TUNED_LR_FILE)}: "
-                       + ", ".join(f"{m} ×{lr_scales[m]:g}" for m in methods))
+            lr_note = f"each method at its own tuned lr (× base) from {os.path.relpath(TUNED_LR_FILE)}: " + ", ".join(
+                f"{m} ×{lr_scales[m]:g}" for m in methods
+            )
         elif args.lr_scale is not None:
             lr_scales = {m: args.lr_scale for m in methods}
             lr_note = f"the scenario lr × {args.lr_scale:g} for every method (not tuned)"
@@ -660,11 +756,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     seeds = list(range(args.seed, args.seed + n_seeds))
     out_dir = args.out or os.path.join("outputs", f"sim_{scenario.name}")
     res = run_experiment(
-        scenario, out_dir, methods=methods, seeds=seeds, steps=args.steps, overrides=overrides, lr_scales=lr_scales,
-        learner=args.learner, workers=args.workers, progress=not args.quiet, plots=not args.no_plots, lr_note=lr_note,
+        scenario,
+        out_dir,
+        methods=methods,
+        seeds=seeds,
+        steps=args.steps,
+        overrides=overrides,
+        lr_scales=lr_scales,
+        learner=args.learner,
+        workers=args.workers,
+        progress=not args.quiet,
+        plots=not args.no_plots,
+        lr_note=lr_note,
     )
-    print(f"\n[synthetic learner: {args.learner}] scenario {scenario.name}: {len(res['methods'])} methods × {len(seeds)} seeds "
-          f"× {res['steps']} steps in {res['runtime_seconds']:.1f} s")
+    print(
+        f"\n[synthetic learner: {args.learner}] scenario {scenario.name}: "
+        f"{len(res['methods'])} methods × {len(seeds)} seeds "
+        f"× {res['steps']} steps in {res['runtime_seconds']:.1f} s"
+    )
     print(results_table(res))
     print("\n".join(outcome_lines(res)))
     print(f"\nwrote {os.path.join(out_dir, 'results.json')}, {os.path.join(out_dir, 'report.md')} and plots")
