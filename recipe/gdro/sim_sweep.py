@@ -251,7 +251,32 @@ def tune(
     text = "\n".join(curve_lines)
     with open(os.path.join(out, "lr_curve.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
+    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"))
     return text
+
+
+def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
+    """One panel per scenario: the tuning metric against the lr multiplier, one line per method."""
+    from recipe.gdro.plot import SYNTH_TAG, _log_axis, _plt, _save
+
+    plt = _plt()
+    scen = list(dict.fromkeys(r["scenario"] for r in rows))
+    fig, axes = plt.subplots(1, len(scen), figsize=(5.2 * len(scen), 4.2), squeeze=False)
+    for ax, sname in zip(axes[0], scen, strict=True):
+        for i, r in enumerate([r for r in rows if r["scenario"] == sname]):
+            pts = sorted((float(a), float(b)) for a, b in (kv.split(":") for kv in r["metric_by_scale"].split()))
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
+        _log_axis(ax, "x")
+        ax.set_xlabel("lr multiplier (× scenario lr)")
+        ax.set_ylabel("final held-out mean accuracy (%)")
+        ax.set_title(sname, fontsize=9)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(
+        f"{SYNTH_TAG} learning-rate curves on the tuning seeds (a too-large step hurts every method)", fontsize=10
+    )
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 # ------------------------------------------------------------------------------------ study
@@ -408,6 +433,9 @@ def study(
     for fn, text in files.items():
         with open(os.path.join(out, fn), "w", encoding="utf-8") as f:
             f.write(text + "\n")
+    with open(table_path, encoding="utf-8", newline="") as f:
+        tuned_rows = [r for r in csv.DictReader(f) if r["learner"] == learner and r["scenario"] in summary]
+    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"))
     lr_curve = ""
     if os.path.exists(os.path.join(out, "lr_curve.md")):
         with open(os.path.join(out, "lr_curve.md"), encoding="utf-8") as f:
@@ -443,7 +471,14 @@ def study(
         "",
     ]
     if lr_curve:
-        parts += ["## Learning-rate curves (tuning seeds; final held-out mean accuracy, %)", "", lr_curve, ""]
+        parts += [
+            "## Learning-rate curves (tuning seeds; final held-out mean accuracy, %)",
+            "",
+            lr_curve,
+            "",
+            "![lr curves](lr_curve.png)",
+            "",
+        ]
     text = "\n".join(parts)
     with open(os.path.join(out, "STUDY.md"), "w", encoding="utf-8") as f:
         f.write(text)
