@@ -94,8 +94,15 @@ def test_total_rollouts_equal_across_methods(tmp_path):
         recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), e["metrics_files"][0]))
         assert [r["sim/rollouts_total"] for r in recs] == [sc.batch_size * sc.n_mean] * 30
     # the rollout methods really did vary the per-prompt counts (otherwise equality is trivial)
-    recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), res["methods"]["rollout_gdro_sqrt"]["metrics_files"][0]))
-    rpp = [v for r in recs for k, v in r.items() if k.endswith("/rollouts_per_prompt") and k.startswith("gdro/bin_") and np.isfinite(v)]
+    recs = gdro_plot.read_metrics_jsonl(
+        os.path.join(str(tmp_path), res["methods"]["rollout_gdro_sqrt"]["metrics_files"][0])
+    )
+    rpp = [
+        v
+        for r in recs
+        for k, v in r.items()
+        if k.endswith("/rollouts_per_prompt") and k.startswith("gdro/bin_") and np.isfinite(v)
+    ]
     assert max(rpp) - min(rpp) > 0.5
 
 
@@ -168,21 +175,51 @@ def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
     titles = _capture_titles(monkeypatch)
     sc = tiny()
     out = tmp_path / "sim"
-    res = run_experiment(sc, str(out), methods=["grpo", "prompt_gdro", "rollout_gdro_sqrt"], seeds=[0, 1], steps=30,
-                         workers=1, progress=False, plots=True)
+    res = run_experiment(
+        sc,
+        str(out),
+        methods=["grpo", "prompt_gdro", "rollout_gdro_sqrt"],
+        seeds=[0, 1],
+        steps=30,
+        workers=1,
+        progress=False,
+        plots=True,
+    )
     data = json.loads((out / "results.json").read_text())
     assert data["synthetic_learner"] is True and "SYNTHETIC" in data["note"]
     for e in data["methods"].values():
-        for key in ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "total_rollouts", "se_proxy_reduction_vs_uniform", "curves"):
+        for key in (
+            "mean_accuracy",
+            "worst_skill_accuracy",
+            "pass_at_8",
+            "total_rollouts",
+            "se_reduction",
+            "variance_reduction",
+            "efficiency",
+            "advantage_mass_ratio",
+            "curves",
+        ):
             assert key in e
         assert len(e["curves"]["mean_accuracy"]["mean"]) == 31
         assert e["mean_accuracy_std"] >= 0
-    assert data["methods"]["rollout_gdro_sqrt"]["se_proxy_reduction_vs_uniform"] != 0.0
+    assert data["methods"]["rollout_gdro_sqrt"]["se_reduction"] != 0.0
+    assert (
+        data["methods"]["grpo"]["se_reduction"] == 0.0 and data["methods"]["prompt_gdro"]["variance_reduction"] == 0.0
+    )
     report = (out / "report.md").read_text()
     assert report.splitlines()[0].lower().count("synthetic") == 1 and "| rollout_gdro_sqrt |" in report
+    assert "**prompt_gdro** vs GRPO:" in report and "paired, 2 seeds, 95% CI" in report
+    assert "DESIGN" not in report
     pngs = {p.name for p in out.glob("*.png")}
-    for name in ("accuracy_curves.png", "skill_compute_share.png", "prompt_gdro_traveling_wave.png", "grpo_bins.png",
-                 "rollout_gdro_sqrt_compute_share.png", "rollout_gdro_sqrt_rollouts_per_bin.png", "rollout_gdro_sqrt_mu.png"):
+    for name in (
+        "accuracy_curves.png",
+        "skill_compute_share.png",
+        "prompt_gdro_traveling_wave.png",
+        "grpo_bins.png",
+        "rollout_gdro_sqrt_compute_share.png",
+        "rollout_gdro_sqrt_rollouts_per_bin.png",
+        "rollout_gdro_sqrt_mu.png",
+    ):
         assert name in pngs and (out / name).stat().st_size > 5000, name
     assert titles and all("synthetic" in t.lower() for _, t in titles), titles
     assert res["methods"]["grpo"]["total_rollouts"] == 30 * sc.batch_size * sc.n_mean
@@ -220,7 +257,13 @@ def test_plot_reads_a_recipe_metrics_file(tmp_path, monkeypatch):
     assert "null" in run.read_text()  # NaN written as null by the recipe's writer
     out = tmp_path / "plots"
     assert gdro_plot.main([str(run), "--out", str(out)]) == 0
-    for name in ("traveling_wave.png", "weight_vs_share_per_bin.png", "rollouts_per_bin.png", "compute_share.png", "mu.png"):
+    for name in (
+        "traveling_wave.png",
+        "weight_vs_share_per_bin.png",
+        "rollouts_per_bin.png",
+        "compute_share.png",
+        "mu.png",
+    ):
         assert (out / name).stat().st_size > 5000, name
     # a real run is not labelled synthetic
     assert titles and all("synthetic" not in t.lower() for _, t in titles)
@@ -251,7 +294,10 @@ def test_shipped_scenarios_load():
         ({"steps": 0}, "steps=0"),
         ({"skills": [{"name": "a", "frequency": -1, "difficulty": {"mean": 0, "std": 1}}]}, "skills[0].frequency"),
         ({"skills": [{"name": "a", "frequency": 1, "difficulty": {"mean": 0, "sd": 1}}]}, "skills[0].difficulty.sd"),
-        ({"skills": [{"name": "a", "frequency": 1, "difficulty": {"mixture": [{"weight": 1, "mean": 0}]}}]}, "skills[0].difficulty.mixture[0].std"),
+        (
+            {"skills": [{"name": "a", "frequency": 1, "difficulty": {"mixture": [{"weight": 1, "mean": 0}]}}]},
+            "skills[0].difficulty.mixture[0].std",
+        ),
         ({"skills": [{"name": "a b", "frequency": 1, "difficulty": {"mean": 0, "std": 1}}]}, "skills[0].name"),
         ({"gdro": {"prompt": {"loss_signal": "bogus"}}}, "prompt.loss_signal"),
         ({"gdro": {"binner": {"windo": 5}}}, "gdro.binner.windo"),
@@ -261,7 +307,10 @@ def test_shipped_scenarios_load():
 )
 def test_scenario_errors_name_the_key(patch, needle):
     base = {
-        "num_prompts": 100, "batch_size": 10, "lr": 0.1, "steps": 5,
+        "num_prompts": 100,
+        "batch_size": 10,
+        "lr": 0.1,
+        "steps": 5,
         "skills": [{"name": "a", "frequency": 1, "difficulty": {"mean": 0, "std": 1}}],
     }
     base.update(patch)
@@ -272,7 +321,9 @@ def test_scenario_errors_name_the_key(patch, needle):
 
 def test_set_overrides_parse_and_reject():
     assert parse_set_overrides(["prompt.loss_signal=failure_rate", "binner.num_bins=6"]) == {
-        "prompt": {"loss_signal": "failure_rate"}, "binner": {"num_bins": 6}}
+        "prompt": {"loss_signal": "failure_rate"},
+        "binner": {"num_bins": 6},
+    }
     with pytest.raises(ValueError, match="enable"):
         parse_set_overrides(["prompt.enable=true"])
     with pytest.raises(ValueError, match="KEY"):
@@ -282,14 +333,43 @@ def test_set_overrides_parse_and_reject():
 def test_cli_end_to_end(tmp_path):
     scen = tmp_path / "mini.yaml"
     d = {
-        "name": "mini", "num_prompts": 120, "num_eval_prompts": 60, "batch_size": 12, "lr": 0.02, "steps": 8, "seeds": 1,
-        "skills": [{"name": "a", "frequency": 3, "difficulty": {"mean": 0, "std": 1}},
-                   {"name": "b", "frequency": 1, "difficulty": {"mixture": [{"weight": 1, "mean": -2, "std": 1}, {"weight": 1, "mean": 1, "std": 0.5}]}, "unsolvable": 0.1}],
+        "name": "mini",
+        "num_prompts": 120,
+        "num_eval_prompts": 60,
+        "batch_size": 12,
+        "lr": 0.02,
+        "steps": 8,
+        "seeds": 1,
+        "skills": [
+            {"name": "a", "frequency": 3, "difficulty": {"mean": 0, "std": 1}},
+            {
+                "name": "b",
+                "frequency": 1,
+                "difficulty": {"mixture": [{"weight": 1, "mean": -2, "std": 1}, {"weight": 1, "mean": 1, "std": 0.5}]},
+                "unsolvable": 0.1,
+            },
+        ],
     }
     scen.write_text(yaml.safe_dump(d))
     out = tmp_path / "o"
-    cmd = [sys.executable, "-m", "recipe.gdro.simulate", "--scenario", str(scen), "--out", str(out), "--seeds", "2",
-           "--methods", "grpo", "joint", "--set", "binner.num_bins=6", "--workers", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recipe.gdro.simulate",
+        "--scenario",
+        str(scen),
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--methods",
+        "grpo",
+        "joint",
+        "--set",
+        "binner.num_bins=6",
+        "--workers",
+        "2",
+    ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "synthetic learner" in proc.stdout
@@ -299,6 +379,194 @@ def test_cli_end_to_end(tmp_path):
     assert (out / "metrics" / "joint" / "seed1.jsonl").exists()
     assert (out / "joint_traveling_wave.png").stat().st_size > 5000
 
-    bad = subprocess.run([sys.executable, "-m", "recipe.gdro.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "recipe.gdro.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "no_such_scenario" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------ issue 10
+def test_shared_learner_updates_interfere_and_can_forget():
+    """Practising one skill moves every skill whose feature overlaps it; anti-aligned skills lose ability."""
+    from recipe.gdro.sim_learner import SharedLearner
+
+    sc = scenario_from_dict(
+        {
+            **RARE_HARD,
+            "skills": [{"name": f"s{i}", "frequency": 1, "difficulty": {"mean": 0, "std": 1}} for i in range(6)],
+            "learner": {"rep_dim": 2, "feature_overlap": 0.0, "curvature": 0.0, "forgetting": 0.0},
+        },
+        source="six.yaml",
+    )
+    lrn = SharedLearner(sc, seed=0)
+    gram = lrn.features @ lrn.features.T
+    a, b = np.unravel_index(np.argmin(gram), gram.shape)
+    assert gram[a, b] < 0  # 6 unit vectors in 2-D cannot all be pairwise non-negative
+    ids = np.flatnonzero(lrn.skill_of == a)[:5]
+    before = lrn.ability().copy()
+    zeta = np.zeros((len(ids), 33))
+    lrn._apply(ids, np.full(len(ids), 0.1), np.zeros(len(ids)), zeta)
+    after = lrn.ability()
+    assert after[a] > before[a]  # the practised skill improves
+    assert after[b] < before[b]  # an anti-aligned skill is forgotten
+    # capacity: the weight norm never exceeds C
+    lrn.lp.capacity = 0.2
+    for _ in range(50):
+        lrn._apply(ids, np.full(len(ids), 0.1), np.zeros(len(ids)), zeta)
+    assert np.linalg.norm(lrn.w) <= 0.2 + 1e-12
+
+
+def test_shared_learner_curvature_and_noise_hurt():
+    """A step's squared norm costs general competence; noise scales with advantage mass."""
+    from recipe.gdro.sim_learner import SharedLearner
+
+    sc = tiny(grad_noise=1.0, learner={"curvature": 1.0})
+    lrn = SharedLearner(sc, seed=0)
+    ids = np.arange(10)
+    zeta = np.random.default_rng(0).standard_normal((10, 33))
+    lrn._apply(ids, np.zeros(10), np.full(10, 0.05), zeta)  # a pure-noise step
+    assert lrn.b < 0  # damage from curvature
+    assert np.linalg.norm(lrn.w) > 0  # the noise moved the representation
+
+
+def test_grpo_has_an_interior_best_learning_rate_on_the_shared_learner():
+    """The new learner must punish too-large steps (the logistic learner does not)."""
+    sc = tiny(grad_noise=1.0, steps=60)
+    acc = {
+        g: np.mean([run_one(sc, "grpo", s, lr_scale=g)["summary"]["mean_accuracy"] for s in (0, 1)])
+        for g in (0.25, 2.0, 64.0)
+    }
+    assert acc[2.0] > acc[0.25] + 0.02, acc  # too small: slow
+    assert acc[2.0] > acc[64.0] + 0.05, acc  # too large: hurts
+    logi = {g: run_one(sc, "grpo", 0, lr_scale=g, learner="logistic")["summary"]["mean_accuracy"] for g in (2.0, 64.0)}
+    assert logi[64.0] >= logi[2.0] - 0.01, logi  # the old learner is never hurt by a bigger step
+
+
+def test_se_figures_use_true_variances_in_the_steady_state_window():
+    from recipe.gdro.simulate import steady_state_start
+
+    sc = tiny()
+    assert steady_state_start(sc, 40) == 11  # 240 prompts / 24 per batch = 10 warm-up steps
+    assert steady_state_start(sc, 5) == 1
+    g = run_one(sc, "grpo", 0, steps=30)
+    assert g["summary"]["se_reduction"] == 0.0 and g["summary"]["variance_reduction"] == 0.0
+    r = run_one(sc, "rollout_gdro_sqrt", 0, steps=30)
+    se = np.asarray(r["curves"]["true_se_reduction"][1:])
+    orc = np.asarray(r["curves"]["oracle_se_reduction"][1:])
+    assert np.all(se <= orc + 1e-9)  # nothing beats the per-prompt oracle
+    lo = steady_state_start(sc, 30)
+    assert r["summary"]["se_reduction"] == pytest.approx(np.mean(r["curves"]["true_se_reduction"][lo:]))
+    assert r["summary"]["efficiency"] == pytest.approx(
+        r["summary"]["se_reduction"] / r["summary"]["oracle_se_reduction"]
+    )
+
+
+def test_paired_ci():
+    from recipe.gdro.simulate import paired_ci
+
+    mean, lo, hi, n = paired_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    # d = 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 → half-width 4.303 / sqrt(3)
+    assert (mean, n) == (2.0, 3)
+    assert hi - mean == pytest.approx(4.303 / np.sqrt(3)) and mean - lo == pytest.approx(4.303 / np.sqrt(3))
+    assert np.isnan(paired_ci([1.0], [0.0])[1])
+
+
+def test_lr_scale_and_tuned_lr_lookup(tmp_path):
+    from recipe.gdro.sim_methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+    from recipe.gdro.sim_sweep import LR_GRID, TUNE_PRESETS
+
+    r = run_one(tiny(), "grpo", 0, steps=2, lr_scale=2.0)
+    assert r["lr"] == pytest.approx(0.04) and r["lr_scale"] == 2.0
+    # the shipped table (written by sim_sweep tune) has the documented columns and every shipped scenario
+    import csv
+
+    with open(TUNED_LR_FILE, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == TUNED_LR_COLUMNS
+        rows = list(reader)
+    for scen in shipped_scenarios():
+        got = lookup_tuned_lr(scen, "shared", list(TUNE_PRESETS))
+        assert set(got.values()) <= set(LR_GRID)
+    assert all(r["grid"] == " ".join(f"{g:g}" for g in LR_GRID) for r in rows)
+    with pytest.raises(ValueError, match="no tuned lr"):
+        lookup_tuned_lr("no_such", "shared", ["grpo"])
+
+
+def test_docs_tables_have_the_format_the_commands_write():
+    """Every results table in docs/simulator.md is pasted from a command's output: same header."""
+    from recipe.gdro.sim_sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
+    from recipe.gdro.simulate import RESULTS_HEADER
+
+    docs = open(os.path.join(REPO, "docs", "simulator.md"), encoding="utf-8").read()
+    for header in (COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER, RESULTS_HEADER):
+        assert header in docs, header
+    # and no table in the docs has a header the commands do not write
+    headers = {
+        ln
+        for i, ln in enumerate(docs.splitlines())
+        if ln.startswith("| ") and i + 1 < len(docs.splitlines()) and docs.splitlines()[i + 1].startswith("|---")
+    }
+    assert headers <= {COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER, RESULTS_HEADER} | {
+        h for h in headers if "key" in h or "file" in h or "option" in h
+    }, headers
+    assert "DESIGN" not in docs
+
+
+def test_set_parsing_by_omegaconf_lists_and_last_wins():
+    got = parse_set_overrides(
+        [
+            "gdro.binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1]",
+            "prompt.lagged=true",
+            "prompt.normalize=all_responses",
+            "prompt.normalize=advantage_mass",
+        ]
+    )
+    assert got == {
+        "binner": {"bin_edges": [0, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1]},
+        "prompt": {"lagged": True, "normalize": "advantage_mass"},
+    }
+
+
+def test_cli_set_typo_fails_fast_without_output_folder(tmp_path):
+    out = tmp_path / "never"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from recipe.gdro.simulate import main; "
+            f"rc = main(['--set', 'prompt.nrmalize=x', '--out', {str(out)!r}]); "
+            "print('verl imported' if 'verl.trainer.ppo.core_algos' in sys.modules else 'verl not imported'); "
+            "sys.exit(rc)",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "prompt.nrmalize" in proc.stderr
+    assert "verl not imported" in proc.stdout
+    assert not out.exists()
+    helptext = subprocess.run(
+        [sys.executable, "-m", "recipe.gdro.simulate", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+    ).stdout
+    for scen in shipped_scenarios():
+        assert scen in helptext
+
+
+def test_plot_refuses_results_json(tmp_path, capsys):
+    f = tmp_path / "results.json"
+    f.write_text("{}")
+    assert gdro_plot.main([str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "metrics JSONL" in err and "simulator output folder" in err
+
+
+def test_rolling_is_a_trailing_nan_mean():
+    x = np.array([[1.0, np.nan, 3.0, 5.0], [np.nan, np.nan, 2.0, 4.0]])
+    got = gdro_plot.rolling(x, 2)
+    want = np.array([[1.0, 1.0, 3.0, 4.0], [np.nan, np.nan, 2.0, 3.0]])
+    assert np.allclose(got, want, equal_nan=True)

@@ -61,17 +61,24 @@ class Series:
         self.values = values
 
     @classmethod
-    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> "Series":
+    def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Series:
         by_step: dict[int, Mapping[str, Any]] = {}
         for r in records:  # a resumed run may repeat steps: the last record wins
             by_step[int(r["step"])] = r
         steps = np.array(sorted(by_step), dtype=np.int64)
-        keys = sorted({k for r in by_step.values() for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        keys = sorted(
+            {
+                k
+                for r in by_step.values()
+                for k, v in r.items()
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        )
         values = {k: np.array([float(by_step[s].get(k, math.nan)) for s in steps]) for k in keys}
         return cls(steps, values)
 
     @classmethod
-    def mean_of(cls, runs: Sequence["Series"]) -> "Series":
+    def mean_of(cls, runs: Sequence[Series]) -> Series:
         """Step-aligned nan-mean of several runs (e.g. seeds)."""
         steps = np.array(sorted(set().union(*[set(r.steps.tolist()) for r in runs])), dtype=np.int64)
         keys = sorted(set().union(*[set(r.values) for r in runs]))
@@ -107,23 +114,15 @@ class Series:
 
 
 def rolling(x: np.ndarray, w: int) -> np.ndarray:
-    """Trailing nan-mean over ``w`` steps along the last axis."""
+    """Trailing nan-mean over ``w`` steps along the last axis (pandas rolling; NaN where a window has no value)."""
     if w <= 1:
         return x
+    import pandas as pd
+
     x = np.asarray(x, dtype=np.float64)
-    valid = np.isfinite(x)
-    filled = np.where(valid, x, 0.0)
-    c = np.cumsum(filled, axis=-1)
-    n = np.cumsum(valid, axis=-1)
-    pad = [(0, 0)] * (x.ndim - 1) + [(1, 0)]
-    c = np.pad(c, pad)
-    n = np.pad(n, pad)
-    idx = np.arange(x.shape[-1]) + 1
-    lo = np.maximum(idx - w, 0)
-    s = c[..., idx] - c[..., lo]
-    k = n[..., idx] - n[..., lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(k > 0, s / np.maximum(k, 1), np.nan)
+    flat = x.reshape(-1, x.shape[-1])
+    out = pd.DataFrame(flat.T).rolling(w, min_periods=1).mean().to_numpy().T
+    return out.reshape(x.shape)
 
 
 def _label(group: str) -> str:
@@ -152,12 +151,24 @@ def _save(fig: Any, path: str) -> str:
     return path
 
 
+def _log_axis(ax: Any, which: str) -> None:
+    """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _bin_colors(groups: Sequence[str]) -> list:
     plt = _plt()
     bins = [g for g in groups if g != "unseen"]
-    cmap = plt.get_cmap("viridis")
-    cols = [cmap(i / max(len(bins) - 1, 1)) for i in range(len(bins))]
-    return cols + (["0.55"] if "unseen" in groups else [])
+    # Qualitative palette: neighbouring bins must be told apart (adjacent viridis shades cannot).
+    cmap = plt.get_cmap("tab10" if len(bins) <= 10 else "tab20")
+    cols = [cmap(i % cmap.N) for i in range(len(bins))]
+    return cols + (["0.82"] if "unseen" in groups else [])  # light grey: tab10 already has a mid grey
 
 
 def adversary_distribution(s: Series, groups: Sequence[str]) -> np.ndarray:
@@ -193,7 +204,9 @@ def rollout_adversary_active(s: Series) -> bool:
     return bool(np.any(np.isfinite(r)) and np.nanmax(r) - np.nanmin(r) > 1e-9)
 
 
-def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what: Iterable[str] = ("prompt", "rollout")) -> list[str]:
+def plot_gdro_run(
+    s: Series, out_dir: str, *, title: str, prefix: str = "", what: Iterable[str] = ("prompt", "rollout")
+) -> list[str]:
     """Render the GDRO plots of one run (or a seed average) into ``out_dir``; return the files written."""
     plt = _plt()
     os.makedirs(out_dir, exist_ok=True)
@@ -212,15 +225,28 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
     # ---- traveling wave (Prompt-GDRO)
     if "prompt" in what and prompt_adversary_active(s):
         q = rolling(adversary_distribution(s, groups), w)
-        fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.4]})
+        fig, axes = plt.subplots(3, 1, figsize=(10, 10), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.4]})
         vmax = float(np.nanmax(np.concatenate([q.ravel(), data.ravel()])))
-        for ax, mat, name in ((axes[0], q, "adversary q(b)\n(bins in batch)"), (axes[1], data, "data share\nof the batch")):
-            im = ax.imshow(np.nan_to_num(mat), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
-                           extent=[x[0] - 0.5, x[-1] + 0.5, -0.5, G - 0.5], interpolation="nearest")
+        for ax, mat, name in (
+            (axes[0], q, "adversary q(b)\n(bins in batch)"),
+            (axes[1], data, "data share\nof the batch"),
+        ):
+            im = ax.imshow(
+                np.nan_to_num(mat),
+                aspect="auto",
+                origin="lower",
+                cmap="magma",
+                vmin=0,
+                vmax=vmax,
+                extent=[x[0] - 0.5, x[-1] + 0.5, -0.5, G - 0.5],
+                interpolation="nearest",
+            )
             ax.set_yticks(range(G))
             ax.set_yticklabels([_label(g) for g in groups], fontsize=7)
             ax.set_ylabel(name)
-            fig.colorbar(im, ax=ax, pad=0.01)
+            ax.set_xlabel("step")
+            ax.tick_params(labelbottom=True)
+            fig.colorbar(im, ax=ax, pad=0.01, label="share")
         bins_only = [i for i, g in enumerate(groups) if g != "unseen"]
         idx = np.arange(len(bins_only))[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -232,7 +258,12 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
         axes[2].set_ylabel("centre of mass\n(bin index)")
         axes[2].set_xlabel("step")
         axes[2].legend(fontsize=8)
-        fig.suptitle(f"{title}\nPrompt-GDRO traveling wave: adversary weight vs data share per bin (bin 0 = hardest){smooth_note}", fontsize=10)
+        fig.suptitle(
+            f"{title}\nPrompt-GDRO traveling wave: adversary weight vs data share per bin "
+            f"(bin 0 = hardest){smooth_note}",
+            fontsize=10,
+        )
+        fig.tight_layout()
         files.append(_save(fig, os.path.join(out_dir, f"{pre}traveling_wave.png")))
 
         ncol = 4
@@ -243,7 +274,9 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
             ax.plot(x, q[i], color="C3", label="adversary q(b)")
             ax.plot(x, data[i], color="C0", ls="--", label="data share")
             ax.set_title(_label(g), fontsize=8)
-            ax.tick_params(labelsize=7)
+            ax.set_xlabel("step", fontsize=7)
+            ax.set_ylabel("share", fontsize=7)
+            ax.tick_params(labelsize=7, labelbottom=True)
         for j in range(G, nrow * ncol):
             axes[j // ncol][j % ncol].axis("off")
         axes[0][0].legend(fontsize=7)
@@ -262,10 +295,14 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
             ax1.plot(x, acc[i], color=colors[i], label=_label(g), lw=1.2)
         ax1.set_ylim(0, 1)
         ax1.set_title("batch accuracy per bin", fontsize=9)
+        ax0.set_ylabel("share of the batch's prompts")
+        ax1.set_ylabel("batch accuracy")
         ax1.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         for ax in (ax0, ax1):
             ax.set_xlabel("step")
-        fig.suptitle(f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}", fontsize=10)
+        fig.suptitle(
+            f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}", fontsize=10
+        )
         fig.tight_layout()
         files.append(_save(fig, os.path.join(out_dir, f"{pre}bins.png")))
 
@@ -292,15 +329,16 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
             ax.stackplot(x, np.nan_to_num(mat), colors=colors, labels=[_label(g) for g in groups])
             ax.set_ylim(0, 1)
             ax.set_xlabel("step")
+            ax.set_ylabel("share")
             ax.set_title(name, fontsize=9)
         ax1.legend(fontsize=6, ncol=1, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             d_avg = np.nanmean(s.matrix("data_share", groups), axis=1)
             c_avg = np.nanmean(s.matrix("compute_share", groups), axis=1)
-        ax2.scatter(d_avg, c_avg, c=colors, s=40, zorder=3)
+        # Colours match the stack plots' legend; no text labels (they overlap where bins cluster).
         for i, g in enumerate(groups):
-            ax2.annotate(_label(g).replace("bin ", ""), (d_avg[i], c_avg[i]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax2.scatter([d_avg[i]], [c_avg[i]], color=colors[i], s=40, zorder=3, edgecolors="k", linewidths=0.4)
         lim = float(np.nanmax(np.concatenate([d_avg, c_avg, [0.05]]))) * 1.1
         ax2.plot([0, lim], [0, lim], "k--", lw=1)
         ax2.set_xlim(0, lim)
@@ -315,19 +353,29 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
         mu = s.get("gdro/mu")
         red = s.get("gdro/se_proxy_reduction")
         if mu is not None or red is not None:
-            fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-            if mu is not None:
-                axes[0].plot(x, mu, color="C2")
-                if np.nanmin(mu) > 0:
-                    axes[0].set_yscale("log")
-            axes[0].set_ylabel("shadow price μ")
-            if red is not None:
-                axes[1].plot(x, 100 * red, color="C4", alpha=0.35, lw=0.8)
-                axes[1].plot(x, 100 * rolling(red, max(w, 1)), color="C4")
-                axes[1].axhline(0, color="k", lw=0.8)
-            axes[1].set_ylabel("SE-proxy reduction\nvs uniform (%)")
-            axes[1].set_xlabel("step")
-            fig.suptitle(f"{title}\nRollout-GDRO: shadow price μ and standard-error proxy", fontsize=10)
+            panels = (["mu"] if mu is not None else []) + (["red"] if red is not None else [])
+            fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3 * len(panels) + 0.6), sharex=True, squeeze=False)
+            axes = axes[:, 0]
+            for ax, what_p in zip(axes, panels, strict=True):
+                if what_p == "mu":
+                    ax.plot(x, mu, color="C2")
+                    if np.nanmin(mu) > 0:
+                        _log_axis(ax, "y")
+                    ax.set_ylabel("shadow price μ")
+                else:
+                    ax.plot(x, 100 * red, color="C4", alpha=0.35, lw=0.8)
+                    ax.plot(x, 100 * rolling(red, max(w, 1)), color="C4")
+                    ax.axhline(0, color="k", lw=0.8)
+                    ax.set_ylabel("SE-proxy reduction\nvs uniform (%)")
+                ax.set_xlabel("step")
+                ax.tick_params(labelbottom=True)
+            what_t = (
+                "shadow price μ and standard-error proxy"
+                if mu is not None
+                else "standard-error proxy (this allocator has no shadow price μ)"
+            )
+            fig.suptitle(f"{title}\nRollout-GDRO: {what_t} (controller's own estimates)", fontsize=10)
+            fig.tight_layout()
             files.append(_save(fig, os.path.join(out_dir, f"{pre}mu.png")))
     return files
 
@@ -335,7 +383,10 @@ def plot_gdro_run(s: Series, out_dir: str, *, title: str, prefix: str = "", what
 # ------------------------------------------------------------------------------------ simulator
 def _curve(entry: Mapping[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
     c = entry["curves"][key]
-    return (np.array([np.nan if v is None else v for v in c["mean"]]), np.array([np.nan if v is None else v for v in c["std"]]))
+    return (
+        np.array([np.nan if v is None else v for v in c["mean"]]),
+        np.array([np.nan if v is None else v for v in c["std"]]),
+    )
 
 
 def plot_accuracy_curves(res: Mapping[str, Any], out_dir: str) -> str:
@@ -343,12 +394,14 @@ def plot_accuracy_curves(res: Mapping[str, Any], out_dir: str) -> str:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for i, (name, e) in enumerate(res["methods"].items()):
         steps = np.asarray(e["curves"]["step"])
-        for ax, key in zip(axes, ("mean_accuracy", "worst_skill_accuracy")):
+        for ax, key in zip(axes, ("mean_accuracy", "worst_skill_accuracy"), strict=True):
             m, sd = _curve(e, key)
-            ax.plot(steps, 100 * m, color=f"C{i}", label=name, lw=1.4)
+            ax.plot(steps, 100 * m, color=f"C{i}", label=f"{name} (lr {e.get('lr', float('nan')):.3g})", lw=1.4)
             ax.fill_between(steps, 100 * (m - sd), 100 * (m + sd), color=f"C{i}", alpha=0.18, lw=0)
-    axes[0].set_title("held-out mean accuracy (%)", fontsize=9)
-    axes[1].set_title("worst-skill held-out accuracy (%)", fontsize=9)
+    axes[0].set_title("held-out mean accuracy", fontsize=9)
+    axes[1].set_title("worst-skill held-out accuracy", fontsize=9)
+    axes[0].set_ylabel("mean accuracy (%)")
+    axes[1].set_ylabel("worst-skill accuracy (%)")
     for ax in axes:
         ax.set_xlabel("step")
     axes[1].legend(fontsize=8)
@@ -368,22 +421,36 @@ def plot_skill_compute_share(res: Mapping[str, Any], out_dir: str) -> str:
     first = next(iter(res["methods"].values()))
     data = np.array([first["skill_data_share"][k] for k in skills])
     # methods with a uniform allocation have compute share == data share: leave them out
-    methods = [m for m, e in res["methods"].items()
-               if max(abs(e["skill_compute_share"][k] - e["skill_data_share"][k]) for k in skills) > 1e-6]
+    methods = [
+        m
+        for m, e in res["methods"].items()
+        if max(abs(e["skill_compute_share"][k] - e["skill_data_share"][k]) for k in skills) > 1e-6
+    ]
     width = 0.8 / (len(methods) + 1)
     xs = np.arange(len(skills))
     fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(skills)), 4.5))
     ax.bar(xs - 0.4 + width / 2, 100 * data, width, color="0.6", label="data share")
     for i, m in enumerate(methods):
         comp = np.array([res["methods"][m]["skill_compute_share"][k] for k in skills])
-        ax.bar(xs - 0.4 + width * (i + 1.5), 100 * comp, width, color=f"C{list(res['methods']).index(m)}", label=f"{m} compute share")
+        ax.bar(
+            xs - 0.4 + width * (i + 1.5),
+            100 * comp,
+            width,
+            color=f"C{list(res['methods']).index(m)}",
+            label=f"{m} compute share",
+        )
     ax.set_xticks(xs)
     ax.set_xticklabels(skills, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("% of prompts / % of rollouts")
-    ax.set_yscale("log")
+    ax.set_xlabel("skill (scenario order)")
+    ax.set_ylabel("% of prompts / % of rollouts (log)")
+    _log_axis(ax, "y")
     ax.legend(fontsize=7)
-    ax.set_title(f"{SYNTH_TAG} scenario {res['scenario']['name']}: share of rollouts per skill vs its share of prompts (log scale)\n"
-                 "(methods with uniform rollouts omitted: their compute share equals the data share)", fontsize=10)
+    ax.set_title(
+        f"{SYNTH_TAG} scenario {res['scenario']['name']}: "
+        "share of rollouts per skill vs its share of prompts (log scale)\n"
+        "(methods with uniform rollouts omitted: their compute share equals the data share)",
+        fontsize=10,
+    )
     return _save(fig, os.path.join(out_dir, "skill_compute_share.png"))
 
 
@@ -401,7 +468,8 @@ def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
             continue
         series = Series.mean_of([Series.from_records(read_metrics_jsonl(p)) for p in paths])
         k = len(paths)
-        title = f"{SYNTH_TAG} {res['scenario']['name']} / {name} (mean of {k} seed{'s' if k > 1 else ''}; synthetic, not LLM evidence)"
+        seeds_txt = f"mean of {k} seed{'s' if k > 1 else ''}"
+        title = f"{SYNTH_TAG} {res['scenario']['name']} / {name} ({seeds_txt}; synthetic, not LLM evidence)"
         files += plot_gdro_run(series, out_dir, title=title, prefix=name)
     return files
 
@@ -417,8 +485,15 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
             raise ValueError(f"{path}: no results.json and no *.jsonl metrics files")
         out: list[str] = []
         for f in files:
-            out += plot_path(f, os.path.join(out_dir or path, os.path.splitext(os.path.relpath(f, path))[0].replace(os.sep, "_")))
+            out += plot_path(
+                f, os.path.join(out_dir or path, os.path.splitext(os.path.relpath(f, path))[0].replace(os.sep, "_"))
+            )
         return out
+    if os.path.basename(path) == "results.json" or path.endswith(".json"):
+        raise ValueError(
+            f"{path}: this is a results file; plot wants a metrics JSONL file (e.g. gdro_metrics.jsonl) "
+            f"or the simulator output folder ({os.path.dirname(path) or '.'})"
+        )
     series = Series.from_records(read_metrics_jsonl(path))
     out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "gdro_plots")
     name = os.path.basename(path)
@@ -433,7 +508,10 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.gdro.plot", description="Plot GDRO per-step metrics (training run JSONL or simulator output).")
+    p = argparse.ArgumentParser(
+        prog="python -m recipe.gdro.plot",
+        description="Plot GDRO per-step metrics (training run JSONL or simulator output).",
+    )
     p.add_argument("path", help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a simulator output folder")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: beside the input)")
     args = p.parse_args(argv)

@@ -1,44 +1,72 @@
-"""The SYNTHETIC learner of the GDRO simulator (DESIGN §5). It is a stand-in, not an LLM.
+"""The SYNTHETIC learners of the GDRO simulator. They are stand-ins, not LLMs.
 
-Model
------
-Prompt x belongs to skill s(x). Its success probability (pass@1 of one rollout) is
+Two learners share the data model, the sampler, the rollouts and verl's GRPO advantage; they
+differ in what a policy-gradient step does to the policy.
 
-    p(x) = σ(θ_s(x) + d_x + φ_x)          (0 for the scenario's "unsolvable" prompts)
-
-* θ_s  — the skill's ability, shared by all prompts of the skill (starts at 0);
-* d_x  — the prompt's fixed difficulty offset, drawn from the skill's difficulty distribution;
-* φ_x  — the prompt's own parameter (memorisation; starts at 0).
-
-A response is a Bernoulli(p(x)) draw r ∈ {0, 1}; the policy is Bernoulli with logit z = θ + d + φ,
-so ∂ log π(r) / ∂z = r − p. One step:
+Data model (both learners)
+--------------------------
+Prompt x belongs to skill s(x) and has a fixed difficulty offset d_x drawn from its skill's
+difficulty distribution; a scenario may mark a share of prompts unsolvable (p ≡ 0). A response is
+a Bernoulli(p(x)) draw r ∈ {0, 1}; the policy is Bernoulli with logit z(x), so
+∂ log π(r) / ∂z = r − p. One step:
 
 1. draw B distinct prompts (a shuffled epoch sampler, like verl's dataloader);
 2. the controller decides n(x) per prompt (Σ n = B · n̄);
 3. sample the rewards; compute GRPO advantages A with verl's own
    ``compute_grpo_outcome_advantage`` (one call on the whole batch, T = 1);
 4. the controller returns per-response multipliers m (Prompt-GDRO; 1 otherwise);
-5. policy-gradient step. Prompt x's update is
+5. a policy-gradient step with step size ``lr`` (per prompt visit). The task part of prompt x's
+   update is
 
-       u_x = lr / n̄ · Σ_{j ∈ x} A_j m_j [ (r_j − p(x)) + grad_noise · ξ_j ],   ξ_j ~ N(0, 1)
+       g_x = lr / n̄ · Σ_{j ∈ x} A_j m_j (r_j − p(x))
 
-   (the token-mean policy gradient of the batch, scaled by B so ``lr`` is per prompt visit),
-   and it is split by the transfer coefficient τ_s of the prompt's skill:
+   and the noise that comes with it scales with the advantage mass the prompt carries,
 
-       θ_s += τ_s · Σ_{x ∈ batch, s(x)=s} u_x          φ_x += (1 − τ_s) · u_x
+       ε_x = lr / n̄ · σ · sqrt(Σ_{j ∈ x} (A_j m_j)²) · ζ_x,     ζ_x ~ N(0, 1) (or N(0, I_D))
 
-   τ = 1: all practice transfers to the skill; τ = 0: prompts are learned in isolation.
-   ``grad_noise`` models the part of a real score function that does not point at the task:
-   zero-mean, proportional to the advantage mass A·m a prompt carries, so extreme
-   reweighting costs noise.
+   (σ = ``grad_noise``: the part of a real score function that does not point at the task; the sum
+   of per-response N(0, 1) noise weighted by A_j m_j). Extreme reweighting therefore costs noise.
+
+``--learner shared`` (the default): shared representation, interference, capacity, curvature
+------------------------------------------------------------------------------------------------
+The skills read one shared weight vector w ∈ R^D through fixed unit feature vectors e_s:
+
+    z(x) = b + e_s(x) · w + d_x + φ_x
+
+* e_s = normalise(sqrt(ρ) c + sqrt(1 − ρ) g_s) with c, g_s ~ N(0, I_D / D) drawn per seed;
+  ρ = ``learner.feature_overlap``. With D = ``learner.rep_dim`` < S skills the features cannot be
+  orthogonal: practising skill a moves skill b's ability by (e_a · e_b) times the step, which is
+  negative for some pairs (interference, forgetting).
+* the update of a step, with τ_s the skill's transfer coefficient:
+
+      Δw = Σ_{x ∈ batch} τ_s(x) (g_x e_s(x) + ε_x),       ε_x ∈ R^D (isotropic: noise points anywhere)
+      φ_x ← φ_x + (1 − τ_s(x)) (g_x + ε'_x)
+      w ← Π_C((1 − λ) w + Δw),       Π_C = projection onto the ball ‖w‖ ≤ C
+
+  λ = ``learner.forgetting`` (what is not practised decays), C = ``learner.capacity`` (a capacity
+  limit: once ‖w‖ = C, raising one skill's ability must lower another's);
+* curvature: b is a general-competence offset shared by every prompt (starts at 0),
+
+      b ← (1 − ρ_b) b − κ ‖Δw‖²,        κ = ``learner.curvature``, ρ_b = ``learner.recovery``
+
+  the second-order term of a smooth objective (a step Δ gains g·Δ to first order and loses
+  (L/2)‖Δ‖²): the gain of a step grows like lr, its damage like lr², so a too-large (or
+  noise-inflated) step hurts and GRPO has an interior best learning rate.
+
+``--learner logistic`` (the earlier learner): per-skill abilities, monotone, noise only if set
+-----------------------------------------------------------------------------------------------
+    z(x) = θ_s(x) + d_x + φ_x,    θ_s += Σ_{x: s(x)=s} τ_s (g_x + ε_x),    φ_x += (1 − τ_s)(g_x + ε_x)
+
+Skills never interfere, nothing is forgotten, and a bigger step never hurts.
 
 Evaluation is exact (no sampling): the expected accuracy on a held-out set of prompts drawn
-from the same skills (own parameter 0, so only skill ability transfers), the worst skill's
+from the same skills (own parameter 0, so only the skills' abilities transfer), the worst skill's
 accuracy, and pass@8 = 1 − (1 − p)^8 pooled over the held-out prompts.
 
-Randomness is split into independent streams keyed by the seed: the dataset, the sampler, and
-per-step reward draws indexed by (batch position, rollout slot). Methods run with the same seed
-therefore see the same dataset, the same batches and common random numbers for the rewards.
+Randomness is split into independent streams keyed by the seed: the dataset (and the shared
+learner's features), the sampler, and per-step reward and noise draws indexed by (batch position,
+rollout slot). Methods run with the same seed therefore see the same dataset, the same batches
+and common random numbers for the rewards and the noise.
 """
 
 from __future__ import annotations
@@ -68,7 +96,9 @@ def _allocate_counts(freqs: np.ndarray, total: int) -> np.ndarray:
     return base
 
 
-def _draw_prompts(scenario: Scenario, total: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _draw_prompts(
+    scenario: Scenario, total: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Skill id, difficulty offset and solvable flag for ``total`` prompts (shuffled order)."""
     freqs = np.array([s.frequency for s in scenario.skills], dtype=np.float64)
     counts = _allocate_counts(freqs, total)
@@ -89,17 +119,21 @@ def _draw_prompts(scenario: Scenario, total: int, rng: np.random.Generator) -> t
     return skill_of[perm], offset[perm], solvable[perm]
 
 
-class SyntheticLearner:
-    """Skills × prompts logit model with a GRPO policy-gradient update (see the module docstring)."""
+class _LearnerBase:
+    """Data, sampler, rollouts, verl's GRPO advantage and exact evaluation; subclasses define the policy."""
 
-    def __init__(self, scenario: Scenario, seed: int):
+    name = "base"
+
+    def __init__(self, scenario: Scenario, seed: int, lr: float | None = None):
         self.sc = scenario
         self.seed = int(seed)
+        self.lr = float(scenario.lr if lr is None else lr)
         data_rng = np.random.default_rng([self.seed, 0])
         self.skill_of, self.offset, self.solvable = _draw_prompts(scenario, scenario.num_prompts, data_rng)
-        self.eval_skill_of, self.eval_offset, self.eval_solvable = _draw_prompts(scenario, scenario.num_eval_prompts, data_rng)
+        self.eval_skill_of, self.eval_offset, self.eval_solvable = _draw_prompts(
+            scenario, scenario.num_eval_prompts, data_rng
+        )
         self.num_skills = len(scenario.skills)
-        self.theta = np.zeros(self.num_skills)
         self.own = np.zeros(scenario.num_prompts)
         self.tau = np.asarray(scenario.skill_transfer(), dtype=np.float64)
         self.skill_freq = np.bincount(self.skill_of, minlength=self.num_skills) / scenario.num_prompts
@@ -108,15 +142,28 @@ class SyntheticLearner:
         self._epoch: np.ndarray = np.empty(0, dtype=np.int64)
         self._cursor = 0
 
+    # ------------------------------------------------------------------ policy (subclasses)
+    def ability(self) -> np.ndarray:
+        """Per-skill logit shift (everything in z(x) except d_x and φ_x)."""
+        raise NotImplementedError
+
+    def _apply(self, ids: np.ndarray, g: np.ndarray, mass: np.ndarray, zeta: np.ndarray) -> None:
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ probabilities
     def p_train(self, ids: np.ndarray | None = None) -> np.ndarray:
         ids = np.arange(self.sc.num_prompts) if ids is None else ids
-        p = _sigmoid(self.theta[self.skill_of[ids]] + self.offset[ids] + self.own[ids])
+        p = _sigmoid(self.ability()[self.skill_of[ids]] + self.offset[ids] + self.own[ids])
         return np.where(self.solvable[ids], p, 0.0)
 
     def p_eval(self) -> np.ndarray:
-        p = _sigmoid(self.theta[self.eval_skill_of] + self.eval_offset)
+        p = _sigmoid(self.ability()[self.eval_skill_of] + self.eval_offset)
         return np.where(self.eval_solvable, p, 0.0)
+
+    def true_variance(self, ids: np.ndarray) -> np.ndarray:
+        """Each prompt's TRUE reward variance p(1 − p) under the current policy (the per-prompt oracle)."""
+        p = self.p_train(ids)
+        return p * (1.0 - p)
 
     # ------------------------------------------------------------------ sampling
     def next_batch(self) -> np.ndarray:
@@ -138,14 +185,14 @@ class SyntheticLearner:
         # it only grows past 64 if some prompt gets more than 64 rollouts.
         width = max(64, int(counts.max()) if len(counts) else 1)
         U = rng.random((len(ids), width))
-        Z = rng.standard_normal((len(ids), width)) if self.sc.grad_noise > 0 else None
         pos = np.repeat(np.arange(len(ids)), counts)
         starts = np.cumsum(counts) - counts
         slot = np.arange(R) - np.repeat(starts, counts)
         p = self.p_train(ids)
         rewards = (U[pos, slot] < p[pos]).astype(np.float64)
-        noise = Z[pos, slot] if Z is not None else None
-        return {"pos": pos, "prompt_ids": ids[pos], "rewards": rewards, "p": p, "noise": noise}
+        # Noise by batch position from its own stream: the same for every method and both learners.
+        zeta = np.random.default_rng([self.seed, 3, int(step)]).standard_normal((len(ids), _NOISE_WIDTH))
+        return {"pos": pos, "prompt_ids": ids[pos], "rewards": rewards, "p": p, "zeta": zeta}
 
     # ------------------------------------------------------------------ advantages
     def grpo_advantages(self, rewards: np.ndarray, group_index: np.ndarray) -> np.ndarray:
@@ -154,20 +201,20 @@ class SyntheticLearner:
 
         scores = torch.from_numpy(rewards.astype(np.float32))[:, None]
         mask = torch.ones_like(scores)
-        adv, _ = compute_grpo_outcome_advantage(scores, mask, np.asarray(group_index), norm_adv_by_std_in_grpo=self.sc.norm_adv_by_std)
+        adv, _ = compute_grpo_outcome_advantage(
+            scores, mask, np.asarray(group_index), norm_adv_by_std_in_grpo=self.sc.norm_adv_by_std
+        )
         return adv[:, 0].numpy().astype(np.float64)
 
     # ------------------------------------------------------------------ update
     def update(self, ids: np.ndarray, roll: dict[str, np.ndarray], adv: np.ndarray, mult: np.ndarray) -> None:
+        """One policy-gradient step: g_x (task part) and the advantage mass behind the noise ε_x."""
         pos, r, p = roll["pos"], roll["rewards"], roll["p"]
         weight = adv * mult
-        score = r - p[pos]
-        if roll["noise"] is not None:
-            score = score + self.sc.grad_noise * roll["noise"]
-        u = (self.sc.lr / self.sc.n_mean) * np.bincount(pos, weights=weight * score, minlength=len(ids))
-        sk = self.skill_of[ids]
-        self.theta += np.bincount(sk, weights=self.tau[sk] * u, minlength=self.num_skills)
-        self.own[ids] += (1.0 - self.tau[sk]) * u
+        scale = self.lr / self.sc.n_mean
+        g = scale * np.bincount(pos, weights=weight * (r - p[pos]), minlength=len(ids))
+        mass = scale * self.sc.grad_noise * np.sqrt(np.bincount(pos, weights=weight * weight, minlength=len(ids)))
+        self._apply(ids, g, mass, roll["zeta"])
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict[str, Any]:
@@ -181,3 +228,73 @@ class SyntheticLearner:
             "train_mean_accuracy": float(self.p_train().mean()),
             "skill_accuracy": per_skill,
         }
+
+
+_NOISE_WIDTH = 33  # ζ'_x (column 0) and up to 32 dimensions of ζ_x
+
+
+class LogisticLearner(_LearnerBase):
+    """Per-skill abilities θ_s, no interference, no forgetting (``--learner logistic``)."""
+
+    name = "logistic"
+
+    def __init__(self, scenario: Scenario, seed: int, lr: float | None = None):
+        super().__init__(scenario, seed, lr)
+        self.theta = np.zeros(self.num_skills)
+
+    def ability(self) -> np.ndarray:
+        return self.theta
+
+    def _apply(self, ids: np.ndarray, g: np.ndarray, mass: np.ndarray, zeta: np.ndarray) -> None:
+        u = g + mass * zeta[:, 0]
+        sk = self.skill_of[ids]
+        self.theta += np.bincount(sk, weights=self.tau[sk] * u, minlength=self.num_skills)
+        self.own[ids] += (1.0 - self.tau[sk]) * u
+
+
+class SharedLearner(_LearnerBase):
+    """Shared representation w ∈ R^D read through skill features (``--learner shared``, the default)."""
+
+    name = "shared"
+
+    def __init__(self, scenario: Scenario, seed: int, lr: float | None = None):
+        super().__init__(scenario, seed, lr)
+        lp = scenario.learner
+        self.D = int(lp.rep_dim or max(2, (self.num_skills + 1) // 2))
+        if self.D > _NOISE_WIDTH - 1:
+            raise ValueError(f"learner.rep_dim={self.D} must be <= {_NOISE_WIDTH - 1}")
+        rng = np.random.default_rng([self.seed, 4])
+        c = rng.standard_normal(self.D) / np.sqrt(self.D)
+        gs = rng.standard_normal((self.num_skills, self.D)) / np.sqrt(self.D)
+        e = np.sqrt(lp.feature_overlap) * c[None, :] + np.sqrt(1.0 - lp.feature_overlap) * gs
+        self.features = e / np.linalg.norm(e, axis=1, keepdims=True)
+        self.w = np.zeros(self.D)
+        self.b = 0.0
+        self.lp = lp
+
+    def ability(self) -> np.ndarray:
+        return self.b + self.features @ self.w
+
+    def _apply(self, ids: np.ndarray, g: np.ndarray, mass: np.ndarray, zeta: np.ndarray) -> None:
+        sk = self.skill_of[ids]
+        t = self.tau[sk]
+        noise = (t * mass)[:, None] * zeta[:, 1 : 1 + self.D]
+        dw = (t * g) @ self.features[sk] + noise.sum(axis=0)
+        self.own[ids] += (1.0 - t) * (g + mass * zeta[:, 0])
+        w = (1.0 - self.lp.forgetting) * self.w + dw
+        norm = float(np.linalg.norm(w))
+        if norm > self.lp.capacity:
+            w *= self.lp.capacity / norm
+        self.w = w
+        self.b = (1.0 - self.lp.recovery) * self.b - self.lp.curvature * float(dw @ dw)
+
+
+LEARNERS = {"shared": SharedLearner, "logistic": LogisticLearner}
+DEFAULT_LEARNER = "shared"
+SyntheticLearner = SharedLearner  # the default learner
+
+
+def make_learner(name: str, scenario: Scenario, seed: int, lr: float | None = None) -> _LearnerBase:
+    if name not in LEARNERS:
+        raise ValueError(f"unknown learner {name!r}; choose from {', '.join(LEARNERS)}")
+    return LEARNERS[name](scenario, seed, lr)

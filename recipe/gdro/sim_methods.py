@@ -19,9 +19,8 @@ which adversaries are on and, for the ``rollout_gdro_*`` methods, the allocator)
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Mapping
-
-import yaml
 
 METHOD_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"prompt": {"enable": False}, "rollout": {"enable": False}},
@@ -46,28 +45,70 @@ def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any
 
 
 def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["prompt.loss_signal=failure_rate", "binner.num_bins=6"]`` → nested dict (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {}
+    """``["prompt.loss_signal=failure_rate", "binner.bin_edges=[0,0.5,1]"]`` → nested dict.
+
+    Parsed by ``OmegaConf.from_dotlist`` (values as YAML: numbers, booleans, lists) and merged in
+    order, so a later ``--set`` of the same key wins. A leading ``gdro.`` is accepted.
+    """
+    from omegaconf import OmegaConf
+
+    merged = OmegaConf.create({})
     for item in items or []:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. prompt.loss_signal=failure_rate")
-        key, raw = item.split("=", 1)
-        parts = [p for p in key.strip().split(".") if p]
+        key = item.split("=", 1)[0].strip()
+        parts = [p for p in key.split(".") if p]
         if parts and parts[0] == "gdro":
             parts = parts[1:]
+            item = item.split("=", 1)[0].strip()[len("gdro.") :] + "=" + item.split("=", 1)[1]
         if len(parts) < 2 or parts[0] not in ("binner", "prompt", "rollout"):
             raise ValueError(f"--set {item!r}: KEY must be binner.*, prompt.* or rollout.* (a verl_ext gdro key)")
         if tuple(parts) in (("prompt", "enable"), ("rollout", "enable")):
             raise ValueError(f"--set {item!r}: the enable flags are set by the method")
-        value = yaml.safe_load(raw)
-        node = out
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except Exception as exc:  # omegaconf grammar errors
+            raise ValueError(f"--set {item!r}: cannot parse the value: {exc}") from None
+    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 
-def build_gdro_dict(scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
+# The lr table written by ``python -m recipe.gdro.sim_sweep tune`` and read by ``simulate --tuned-lr``.
+TUNED_LR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios", "tuned_lr.csv")
+TUNED_LR_COLUMNS = (
+    "scenario",
+    "learner",
+    "method",
+    "best_lr_scale",
+    "best_lr",
+    "grid",
+    "tuning_seeds",
+    "steps",
+    "tuning_metric",
+    "metric_by_scale",
+)
+
+
+def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str = TUNED_LR_FILE) -> dict[str, float]:
+    """Per-method lr multipliers from the shipped tuning table; errors name what is missing."""
+    import csv
+
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no tuned-lr table; write it with python -m recipe.gdro.sim_sweep tune")
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    table = {(r["scenario"], r["learner"], r["method"]): float(r["best_lr_scale"]) for r in rows}
+    missing = [m for m in methods if (scenario, learner, m) not in table]
+    if missing:
+        raise ValueError(
+            f"{path}: no tuned lr for scenario {scenario!r}, learner {learner!r}, method(s) {', '.join(missing)}; "
+            "run python -m recipe.gdro.sim_sweep tune for it"
+        )
+    return {m: table[(scenario, learner, m)] for m in methods}
+
+
+def build_gdro_dict(
+    scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int
+) -> dict[str, Any]:
     """The verl_ext ``gdro:`` mapping for one method of one run.
 
     ``method`` is a preset name or an explicit preset mapping (used by the defaults sweep).

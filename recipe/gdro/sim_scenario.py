@@ -29,6 +29,14 @@ Schema (all keys; ``?`` = optional, with its default)::
             - {weight: float > 0, mean: float, std: float >= 0}
         unsolvable?: float        0.0    fraction of the skill's prompts no policy can solve (p ≡ 0)
         transfer?: float          top-level transfer, for this skill only
+    learner?: mapping             parameters of the shared learner (``--learner shared``; the
+                                  logistic learner ignores them; see sim_learner):
+      rep_dim?: int               ceil(S/2)  D, dimensions of the shared representation
+      feature_overlap?: float     0.6    ρ in [0, 1], common part of the skills' feature vectors
+      forgetting?: float          0.003  λ in [0, 1), per-step decay of w
+      capacity?: float            6.0    C > 0, bound on ‖w‖
+      curvature?: float           2.0    κ >= 0, general-competence loss per unit ‖Δw‖²
+      recovery?: float            0.05   ρ_b in (0, 1], per-step recovery of that loss
     gdro?: mapping                overrides of the verl_ext ``gdro:`` config for every method
                                   (binner.*, prompt.*, rollout.* except the enable flags)
 """
@@ -70,6 +78,24 @@ class Skill:
 
 
 @dataclass
+class LearnerParams:
+    """Parameters of the shared learner (see recipe/gdro/sim_learner.py)."""
+
+    rep_dim: Optional[int] = None
+    feature_overlap: float = 0.6
+    forgetting: float = 0.003
+    capacity: float = 6.0
+    curvature: float = 2.0
+    recovery: float = 0.05
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            k: getattr(self, k)
+            for k in ("rep_dim", "feature_overlap", "forgetting", "capacity", "curvature", "recovery")
+        }
+
+
+@dataclass
 class Scenario:
     name: str
     num_prompts: int
@@ -85,6 +111,7 @@ class Scenario:
     norm_adv_by_std: bool = True
     seeds: int = 3
     gdro: dict[str, Any] = field(default_factory=dict)
+    learner: LearnerParams = field(default_factory=LearnerParams)
     source: str = ""  # file it was loaded from
 
     def skill_transfer(self) -> list[float]:
@@ -98,7 +125,12 @@ class Scenario:
                 diff: dict[str, Any] = {"mean": s.components[0].mean, "std": s.components[0].std}
             else:
                 diff = {"mixture": [{"weight": c.weight, "mean": c.mean, "std": c.std} for c in s.components]}
-            d: dict[str, Any] = {"name": s.name, "frequency": s.frequency, "difficulty": diff, "unsolvable": s.unsolvable}
+            d: dict[str, Any] = {
+                "name": s.name,
+                "frequency": s.frequency,
+                "difficulty": diff,
+                "unsolvable": s.unsolvable,
+            }
             if s.transfer is not None:
                 d["transfer"] = s.transfer
             skills.append(d)
@@ -116,6 +148,7 @@ class Scenario:
             "steps": self.steps,
             "seeds": self.seeds,
             "skills": skills,
+            "learner": self.learner.to_dict(),
             "gdro": copy.deepcopy(self.gdro),
         }
 
@@ -154,7 +187,16 @@ class _V:
             self.fail(key, value, f"must be >= {lo}")
         return int(value)
 
-    def float_(self, key: str, value: Any, *, lo: float = -math.inf, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> float:
+    def float_(
+        self,
+        key: str,
+        value: Any,
+        *,
+        lo: float = -math.inf,
+        hi: float = math.inf,
+        lo_open: bool = False,
+        hi_open: bool = False,
+    ) -> float:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             self.fail(key, value, "must be a finite number")
         v = float(value)
@@ -176,7 +218,18 @@ class _V:
 
 
 _TOP_REQUIRED = {"num_prompts", "batch_size", "lr", "steps", "skills"}
-_TOP_OPTIONAL = {"name", "description", "num_eval_prompts", "n_mean", "transfer", "grad_noise", "norm_adv_by_std", "seeds", "gdro"}
+_TOP_OPTIONAL = {
+    "name",
+    "description",
+    "num_eval_prompts",
+    "n_mean",
+    "transfer",
+    "grad_noise",
+    "norm_adv_by_std",
+    "seeds",
+    "gdro",
+    "learner",
+}
 _GDRO_ENABLE_KEYS = {("prompt", "enable"), ("rollout", "enable")}
 
 
@@ -202,7 +255,13 @@ def _parse_components(v: _V, where: str, diff: Any) -> list[NormalComponent]:
             c.weight /= total
         return comps
     v.keys(diff, where, {"mean", "std"}, set())
-    return [NormalComponent(1.0, v.float_(f"{where}.mean", diff["mean"], lo=-30, hi=30), v.float_(f"{where}.std", diff["std"], lo=0.0, hi=30))]
+    return [
+        NormalComponent(
+            1.0,
+            v.float_(f"{where}.mean", diff["mean"], lo=-30, hi=30),
+            v.float_(f"{where}.std", diff["std"], lo=0.0, hi=30),
+        )
+    ]
 
 
 def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
@@ -237,7 +296,9 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
                 frequency=v.float_(f"{w}.frequency", s["frequency"], lo=0.0, lo_open=True),
                 components=_parse_components(v, f"{w}.difficulty", s["difficulty"]),
                 unsolvable=v.float_(f"{w}.unsolvable", s.get("unsolvable", 0.0), lo=0.0, hi=1.0, hi_open=True),
-                transfer=None if s.get("transfer") is None else v.float_(f"{w}.transfer", s["transfer"], lo=0.0, hi=1.0),
+                transfer=None
+                if s.get("transfer") is None
+                else v.float_(f"{w}.transfer", s["transfer"], lo=0.0, hi=1.0),
             )
         )
     if num_prompts < len(skills):
@@ -250,7 +311,23 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
         if isinstance(gdro.get(section), dict) and key in gdro[section]:
             v.fail(f"gdro.{section}.{key}", gdro[section][key], "is set by the method, not the scenario")
     if isinstance(gdro.get("rollout"), dict) and "n_mean" in gdro["rollout"]:
-        v.fail("gdro.rollout.n_mean", gdro["rollout"]["n_mean"], "use the top-level n_mean (it is the budget of every method)")
+        v.fail(
+            "gdro.rollout.n_mean",
+            gdro["rollout"]["n_mean"],
+            "use the top-level n_mean (it is the budget of every method)",
+        )
+    lraw = d.get("learner", {}) or {}
+    v.keys(lraw, "learner", set(), set(LearnerParams().to_dict()))
+    lp = LearnerParams(
+        rep_dim=None if lraw.get("rep_dim") is None else v.int_("learner.rep_dim", lraw["rep_dim"], 1),
+        feature_overlap=v.float_("learner.feature_overlap", lraw.get("feature_overlap", 0.6), lo=0.0, hi=1.0),
+        forgetting=v.float_("learner.forgetting", lraw.get("forgetting", 0.003), lo=0.0, hi=1.0, hi_open=True),
+        capacity=v.float_("learner.capacity", lraw.get("capacity", 6.0), lo=0.0, lo_open=True),
+        curvature=v.float_("learner.curvature", lraw.get("curvature", 2.0), lo=0.0),
+        recovery=v.float_("learner.recovery", lraw.get("recovery", 0.05), lo=0.0, hi=1.0, lo_open=True),
+    )
+    if lp.rep_dim is not None and lp.rep_dim > 32:
+        v.fail("learner.rep_dim", lp.rep_dim, "must be <= 32")
     sc = Scenario(
         name=name,
         description=v.str_("description", d.get("description", "")),
@@ -266,11 +343,11 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
         seeds=v.int_("seeds", d.get("seeds", 3), 1),
         skills=skills,
         gdro=copy.deepcopy(gdro),
+        learner=lp,
         source=source,
     )
     # Validate the gdro overrides now (with every adversary on), so a typo fails before any step runs.
     from recipe.gdro.sim_methods import build_gdro_dict  # local import: avoids a cycle
-
     from verl_ext import GDROConfigError, gdro_config_from_dict
 
     try:
@@ -296,7 +373,9 @@ def resolve_scenario_path(name_or_path: Optional[str]) -> str:
         cand = os.path.join(SCENARIO_DIR, target + ext)
         if os.path.isfile(cand):
             return cand
-    raise ScenarioError(f"scenario {target!r}: no such file, and not a shipped scenario (shipped: {', '.join(shipped_scenarios())})")
+    raise ScenarioError(
+        f"scenario {target!r}: no such file, and not a shipped scenario (shipped: {', '.join(shipped_scenarios())})"
+    )
 
 
 def load_scenario(name_or_path: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> Scenario:

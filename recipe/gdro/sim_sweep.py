@@ -1,207 +1,545 @@
-"""Defaults sweep on the SYNTHETIC learner: the evidence behind the verl_ext defaults.
+"""Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
-    python -m recipe.gdro.sim_sweep --out outputs/sim_sweep [--scenarios dapo_like rare_hard_skill unsolvable_share]
-                                    [--seeds 3] [--steps N] [--workers 2]
+    python -m recipe.gdro.sim_sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
+    python -m recipe.gdro.sim_sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2]
+    python -m recipe.gdro.sim_sweep all   (tune, then study)
 
-Runs, at equal total rollouts and with the same seeds (same datasets, batches and reward draws)
-for every variant:
+``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
+scenario's lr (GRPO also × 8, for the lr curve) on TUNING seeds 100, 101, ... and picks, per
+method, the multiplier with the best tuning metric (final held-out mean accuracy, mean over the
+tuning seeds). It writes ``recipe/gdro/scenarios/tuned_lr.csv`` (read by ``simulate --tuned-lr``
+and the quick start) and ``<out>/lr_curve.md``.
 
-* ``loss_signal``: Prompt-GDRO with ``learnability`` / ``failure_rate`` / ``mean_abs_advantage``;
-* ``allocator``:   Rollout-GDRO with ``sqrt`` / ``bandit`` / ``knapsack`` (and uniform = GRPO);
-* ``num_bins``:    Prompt-GDRO and Rollout-GDRO (sqrt) with K = 4, 6, 10, 20 bins;
-* ``coupling``:    joint mode with ``rollout_coupling`` = ``none`` / ``divide_by_allocation``.
+``study`` evaluates on DIFFERENT seeds 0, 1, ... (so tuning does not leak):
 
-Writes ``<out>/<scenario>/{results.json,report.md}`` per scenario and ``<out>/SWEEP.md`` with
-one table per question (mean ± std over seeds). Everything else is the verl_ext default.
-The learner is synthetic: this chooses defaults for a stand-in, not for an LLM (docs/simulator.md).
+* headline: every method at its own tuned lr (verl_ext defaults otherwise);
+* equal advantage mass: every method at TUNED GRPO's lr with ``prompt.normalize=advantage_mass``
+  (Σ|A·m| = Σ|A|), so no method takes a larger step than GRPO;
+* defaults study: one option changed at a time against the current verl_ext default, at the
+  tuned lr of the method it modifies (the released normalisation at its own tuned lr).
+
+Every comparison is paired (same seed = same dataset, batches, reward and noise draws) and
+reported as the mean difference with a 95% t interval. Tables go to ``<out>/headline.md``,
+``equal_mass.md``, ``defaults.md`` and ``STUDY.md`` (all of them, with the command). The learner
+is synthetic: this is evidence about a stand-in, not about an LLM (docs/simulator.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
-
-import numpy as np
+import time
 from typing import Any, Mapping, Optional, Sequence
 
-from recipe.gdro.sim_scenario import load_scenario
-from recipe.gdro.simulate import SYNTHETIC_NOTE, run_experiment
+import numpy as np
 
-P_ON = {"enable": True}
+from recipe.gdro.sim_learner import DEFAULT_LEARNER, LEARNERS
+from recipe.gdro.sim_methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+from recipe.gdro.sim_scenario import load_scenario, shipped_scenarios
+from recipe.gdro.simulate import SYNTHETIC_NOTE, paired_ci, run_experiment
+
+LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
+GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
+TUNE_SEED0 = 100
+RELEASED_EDGES = [0.0, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0]
+
 P_OFF = {"enable": False}
 R_OFF = {"enable": False}
 
 
 def _prompt(**kw: Any) -> dict[str, Any]:
-    binner = {"num_bins": kw.pop("num_bins")} if "num_bins" in kw else {}
-    d: dict[str, Any] = {"prompt": {**P_ON, **kw}, "rollout": dict(R_OFF)}
+    binner = kw.pop("binner", None)
+    d: dict[str, Any] = {"prompt": {"enable": True, **kw}, "rollout": dict(R_OFF)}
     if binner:
         d["binner"] = binner
     return d
 
 
-def _rollout(allocator: str = "sqrt", num_bins: Optional[int] = None) -> dict[str, Any]:
-    d: dict[str, Any] = {"prompt": dict(P_OFF), "rollout": {"enable": True, "allocator": allocator}}
-    if num_bins is not None:
-        d["binner"] = {"num_bins": num_bins}
+def _rollout(allocator: str = "sqrt", binner: Optional[dict] = None, **kw: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {"prompt": dict(P_OFF), "rollout": {"enable": True, "allocator": allocator, **kw}}
+    if binner:
+        d["binner"] = binner
     return d
 
 
-VARIANTS: dict[str, dict[str, Any]] = {
-    "grpo": {"prompt": dict(P_OFF), "rollout": dict(R_OFF)},
-    "prompt-learnability": _prompt(loss_signal="learnability"),
-    "prompt-failure_rate": _prompt(loss_signal="failure_rate"),
-    "prompt-mean_abs_advantage": _prompt(loss_signal="mean_abs_advantage"),
-    "rollout-sqrt": _rollout("sqrt"),
-    "rollout-bandit": _rollout("bandit"),
-    "rollout-knapsack": _rollout("knapsack"),
-    "prompt-bins4": _prompt(num_bins=4),
-    "prompt-bins6": _prompt(num_bins=6),
-    "prompt-bins20": _prompt(num_bins=20),
-    "rollout_sqrt-bins4": _rollout("sqrt", 4),
-    "rollout_sqrt-bins6": _rollout("sqrt", 6),
-    "rollout_sqrt-bins20": _rollout("sqrt", 20),
-    "joint-coupling_none": {"prompt": {**P_ON, "rollout_coupling": "none"}, "rollout": {"enable": True, "allocator": "sqrt"}},
-    "joint-coupling_divide": {"prompt": {**P_ON, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True, "allocator": "sqrt"}},
+# Tuned methods: the six presets and Prompt-GDRO with the released normalisation.
+TUNE_PRESETS: dict[str, dict[str, Any]] = {
+    **{m: METHOD_PRESETS[m] for m in DEFAULT_METHODS},
+    "prompt_gdro-normalize_all_responses": _prompt(normalize="all_responses"),
 }
 
-# Each question: (title, rows as (label, variant name)); the verl_ext default is marked.
-QUESTIONS: list[tuple[str, list[tuple[str, str]]]] = [
-    ("Prompt-GDRO loss signal", [
-        ("GRPO (baseline)", "grpo"),
-        ("learnability p(1-p) [current default]", "prompt-learnability"),
-        ("failure_rate 1-p", "prompt-failure_rate"),
-        ("mean_abs_advantage", "prompt-mean_abs_advantage"),
-    ]),
-    ("Rollout-GDRO allocator", [
-        ("uniform (= GRPO)", "grpo"),
-        ("sqrt [current default]", "rollout-sqrt"),
-        ("bandit", "rollout-bandit"),
-        ("knapsack", "rollout-knapsack"),
-    ]),
-    ("Number of bins K (Prompt-GDRO)", [
-        ("K = 4", "prompt-bins4"),
-        ("K = 6", "prompt-bins6"),
-        ("K = 10 [current default]", "prompt-learnability"),
-        ("K = 20", "prompt-bins20"),
-    ]),
-    ("Number of bins K (Rollout-GDRO, sqrt)", [
-        ("K = 4", "rollout_sqrt-bins4"),
-        ("K = 6", "rollout_sqrt-bins6"),
-        ("K = 10 [current default]", "rollout-sqrt"),
-        ("K = 20", "rollout_sqrt-bins20"),
-    ]),
-    ("Joint-mode coupling (both adversaries, sqrt allocator)", [
-        ("none [current default]", "joint-coupling_none"),
-        ("divide_by_allocation", "joint-coupling_divide"),
-    ]),
+# Defaults study: (question, variant name, preset, the tuned method whose lr it uses, label).
+DEFAULTS_VARIANTS: list[tuple[str, str, dict[str, Any], str, str]] = [
+    (
+        "Prompt-GDRO loss signal",
+        "prompt_gdro-failure_rate",
+        _prompt(loss_signal="failure_rate"),
+        "prompt_gdro",
+        "failure_rate",
+    ),
+    (
+        "Prompt-GDRO loss signal",
+        "prompt_gdro-mean_abs_advantage",
+        _prompt(loss_signal="mean_abs_advantage"),
+        "prompt_gdro",
+        "mean_abs_advantage",
+    ),
+    (
+        "Prompt-GDRO normalisation",
+        "prompt_gdro-normalize_all_responses",
+        TUNE_PRESETS["prompt_gdro-normalize_all_responses"],
+        "prompt_gdro-normalize_all_responses",
+        "all_responses (released; own tuned lr)",
+    ),
+    ("Prompt-GDRO lagged weights", "prompt_gdro-lagged", _prompt(lagged=True), "prompt_gdro", "lagged=true"),
+    (
+        "Bins (Prompt-GDRO)",
+        "prompt_gdro-released_edges",
+        _prompt(binner={"bin_edges": RELEASED_EDGES}),
+        "prompt_gdro",
+        "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)",
+    ),
+    ("Bins (Prompt-GDRO)", "prompt_gdro-bins6", _prompt(binner={"num_bins": 6}), "prompt_gdro", "K = 6 equal-width"),
+    (
+        "Rollout-GDRO variance source",
+        "rollout_gdro_sqrt-variance_prompt",
+        _rollout(variance_source="prompt"),
+        "rollout_gdro_sqrt",
+        "variance_source=prompt",
+    ),
+    (
+        "Bins (Rollout-GDRO sqrt)",
+        "rollout_gdro_sqrt-released_edges",
+        _rollout(binner={"bin_edges": RELEASED_EDGES}),
+        "rollout_gdro_sqrt",
+        "released edges (7 bins)",
+    ),
+    (
+        "Bins (Rollout-GDRO sqrt)",
+        "rollout_gdro_sqrt-bins6",
+        _rollout(binner={"num_bins": 6}),
+        "rollout_gdro_sqrt",
+        "K = 6 equal-width",
+    ),
+    (
+        "Joint-mode coupling",
+        "joint-divide_by_allocation",
+        {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True}},
+        "joint",
+        "divide_by_allocation",
+    ),
+]
+# The reference row of each question: the current verl_ext default (a headline method).
+QUESTION_DEFAULT = {
+    "Prompt-GDRO loss signal": ("prompt_gdro", "learnability [default]"),
+    "Prompt-GDRO normalisation": ("prompt_gdro", "advantage_mass [default]"),
+    "Prompt-GDRO lagged weights": ("prompt_gdro", "lagged=false [default]"),
+    "Bins (Prompt-GDRO)": ("prompt_gdro", "K = 10 equal-width [default]"),
+    "Rollout-GDRO allocator": ("rollout_gdro_sqrt", "sqrt [default]"),
+    "Rollout-GDRO variance source": ("rollout_gdro_sqrt", "variance_source=bin [default]"),
+    "Bins (Rollout-GDRO sqrt)": ("rollout_gdro_sqrt", "K = 10 equal-width [default]"),
+    "Joint-mode coupling": ("joint", "none [default]"),
+}
+ALLOCATOR_ROWS = [
+    ("rollout_gdro_bandit", "bandit"),
+    ("rollout_gdro_knapsack", "knapsack"),
+    ("grpo", "uniform (= GRPO)"),
 ]
 
-COLUMNS = (
-    ("mean_accuracy", "mean acc."),
-    ("worst_skill_accuracy", "worst skill"),
-    ("mean_accuracy_auc", "mean acc. AUC"),
-    ("worst_skill_accuracy_auc", "worst AUC"),
+LR_CURVE_HEADER = "| scenario | method | " + " | ".join(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA) + " | best |"
+COMPARE_HEADER = (
+    "| scenario | method | lr (× base) | mean acc. (%) | worst-skill acc. (%) | Δ mean (pts, 95% CI) "
+    "| Δ worst-skill (pts, 95% CI) | SE red. (%) | var. red. (%) | efficiency (%) | adv. mass ratio |"
+)
+DEFAULTS_HEADER = (
+    "| question | variant | scenario | lr (× base) | mean acc. (%) | worst-skill acc. (%) "
+    "| Δ mean vs default (pts, 95% CI) | Δ worst-skill vs default (pts, 95% CI) | SE red. (%) | efficiency (%) |"
 )
 
 
-def _cell(e: Mapping[str, Any], key: str) -> str:
+def _sep(header: str) -> str:
+    return "|" + "---|" * (header.count("|") - 1)
+
+
+def _pm(e: Mapping[str, Any], key: str) -> str:
     return f"{100 * e[key]:.1f} ± {100 * e[key + '_std']:.1f}"
 
 
-def question_table(rows: Sequence[tuple[str, str]], results: Mapping[str, Mapping[str, Any]]) -> str:
-    """One markdown table: rows = variants, column groups = scenarios."""
-    scen = list(results)
-    head = "| variant | " + " | ".join(f"{s}: {label} (%)" for s in scen for _, label in COLUMNS) + " |"
-    lines = [head, "|---|" + "---|" * (len(scen) * len(COLUMNS))]
-    for label, var in rows:
-        cells = [_cell(results[s]["methods"][var], key) for s in scen for key, _ in COLUMNS]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
 
 
-def _paired(results_s: Mapping[str, Any], var: str, ref: str, key: str) -> str:
-    """Mean ± std over seeds of the per-seed difference var - ref (same seeds = same data and draws)."""
-    a = np.asarray(results_s["methods"][var]["per_seed"][key], dtype=np.float64)
-    b = np.asarray(results_s["methods"][ref]["per_seed"][key], dtype=np.float64)
-    d = 100 * (a - b)
-    sd = float(np.std(d, ddof=1)) if len(d) > 1 else 0.0
-    return f"{d.mean():+.1f} ± {sd:.1f}"
+def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
+    mean, lo, hi, _ = paired_ci(e["per_seed"][key], ref["per_seed"][key])
+    if not np.isfinite(lo):
+        return f"{100 * mean:+.1f}"
+    mark = " ↑" if lo > 0 else (" ↓" if hi < 0 else "")
+    return f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]{mark}"
 
 
-def compact_table(rows: Sequence[tuple[str, str]], results: Mapping[str, Mapping[str, Any]], ref: Optional[str] = None) -> str:
-    """One row per (variant, scenario); with ``ref``, paired differences against that variant."""
-    head = "| variant | scenario | " + " | ".join(f"{label} (%)" for _, label in COLUMNS) + " | SE-proxy red. (%) |"
-    sep = "|---|---|" + "---|" * (len(COLUMNS) + 1)
-    if ref:
-        head += " Δ mean acc. vs default (pts) | Δ worst AUC vs default (pts) |"
-        sep += "---|---|"
-    lines = [head, sep]
-    for label, var in rows:
-        for s in results:
-            e = results[s]["methods"][var]
-            se = f"{100 * e['se_proxy_reduction_vs_uniform']:.1f}"
-            line = f"| {label} | {s} | " + " | ".join(_cell(e, k) for k, _ in COLUMNS) + f" | {se} |"
-            if ref:
-                if var == ref:
-                    line += " – | – |"
-                else:
-                    line += f" {_paired(results[s], var, ref, 'mean_accuracy')} | {_paired(results[s], var, ref, 'worst_skill_accuracy_auc')} |"
-            lines.append(line)
-    return "\n".join(lines)
-
-
-def run_sweep(out: str, scenarios: Sequence[str], seeds: int, steps: Optional[int], workers: Optional[int], progress: bool = True) -> str:
-    results: dict[str, Any] = {}
+# ------------------------------------------------------------------------------------ tuning
+def tune(
+    scenarios: Sequence[str],
+    learner: str,
+    n_seeds: int,
+    steps: Optional[int],
+    workers: Optional[int],
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    progress: bool = True,
+) -> str:
+    """Run the lr grid on tuning seeds; (re)write the rows of these scenarios/learner in the tuned-lr table."""
+    os.makedirs(out, exist_ok=True)
+    seeds = list(range(TUNE_SEED0, TUNE_SEED0 + n_seeds))
+    rows: list[dict[str, Any]] = []
+    curve_lines = [LR_CURVE_HEADER, _sep(LR_CURVE_HEADER)]
     for name in scenarios:
         sc = load_scenario(name)
-        results[sc.name] = run_experiment(
-            sc, os.path.join(out, sc.name), methods=list(VARIANTS), presets=VARIANTS, seeds=list(range(seeds)),
-            steps=steps, workers=workers, progress=progress, plots=False,
-            title=f"GDRO defaults sweep — synthetic learner — scenario `{sc.name}`",
+        grid_runs: dict[str, dict[float, float]] = {m: {} for m in TUNE_PRESETS}
+        scales = sorted(set(LR_GRID + GRPO_EXTRA))
+        for g in scales:
+            methods = [m for m in TUNE_PRESETS if g in LR_GRID or m == "grpo"]
+            names = [f"{m}@{g:g}" for m in methods]
+            res = run_experiment(
+                sc,
+                out,
+                methods=names,
+                presets={f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods},
+                lr_scales={n: g for n in names},
+                seeds=seeds,
+                steps=steps,
+                learner=learner,
+                workers=workers,
+                progress=progress,
+                write_files=False,
+            )
+            for m, n in zip(methods, names, strict=True):
+                grid_runs[m][g] = float(res["methods"][n]["mean_accuracy"])
+        for m, by in grid_runs.items():
+            in_grid = {g: v for g, v in by.items() if g in LR_GRID}
+            best = max(in_grid, key=lambda g: (in_grid[g], -abs(np.log(g))))  # ties: the scale closest to 1
+            rows.append(
+                {
+                    "scenario": sc.name,
+                    "learner": learner,
+                    "method": m,
+                    "best_lr_scale": best,
+                    "best_lr": sc.lr * best,
+                    "grid": " ".join(f"{g:g}" for g in LR_GRID),
+                    "tuning_seeds": " ".join(map(str, seeds)),
+                    "steps": int(steps or sc.steps),
+                    "tuning_metric": "final held-out mean accuracy (mean over tuning seeds)",
+                    "metric_by_scale": " ".join(f"{g:g}:{v:.4f}" for g, v in sorted(by.items())),
+                }
+            )
+            cells = [f"{100 * by[g]:.1f}" if g in by else "–" for g in LR_GRID + GRPO_EXTRA]
+            curve_lines.append(f"| {sc.name} | {m} | " + " | ".join(cells) + f" | ×{best:g} |")
+    # Keep rows of other scenarios / learners already in the table.
+    keep: list[dict[str, Any]] = []
+    if os.path.exists(table_path):
+        with open(table_path, encoding="utf-8", newline="") as f:
+            done = {(r["scenario"], r["learner"]) for r in rows}
+            keep = [r for r in csv.DictReader(f) if (r["scenario"], r["learner"]) not in done]
+    with open(table_path, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(TUNED_LR_COLUMNS), lineterminator="\n")
+        w.writeheader()
+        for r in keep + rows:
+            w.writerow(r)
+    text = "\n".join(curve_lines)
+    with open(os.path.join(out, "lr_curve.md"), "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"))
+    return text
+
+
+def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
+    """One panel per scenario: the tuning metric against the lr multiplier, one line per method."""
+    from recipe.gdro.plot import SYNTH_TAG, _log_axis, _plt, _save
+
+    plt = _plt()
+    scen = list(dict.fromkeys(r["scenario"] for r in rows))
+    fig, axes = plt.subplots(1, len(scen), figsize=(5.2 * len(scen), 4.2), squeeze=False)
+    for ax, sname in zip(axes[0], scen, strict=True):
+        for i, r in enumerate([r for r in rows if r["scenario"] == sname]):
+            pts = sorted((float(a), float(b)) for a, b in (kv.split(":") for kv in r["metric_by_scale"].split()))
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
+        _log_axis(ax, "x")
+        ax.set_xlabel("lr multiplier (× scenario lr)")
+        ax.set_ylabel("final held-out mean accuracy (%)")
+        ax.set_title(sname, fontsize=9)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(
+        f"{SYNTH_TAG} learning-rate curves on the tuning seeds (a too-large step hurts every method)", fontsize=10
+    )
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+# ------------------------------------------------------------------------------------ study
+def _compare_rows(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str]) -> list[str]:
+    lines = []
+    for m in methods:
+        e = res["methods"][m]
+        same = e is ref
+        lines.append(
+            f"| {scen} | {m.split('@')[0].replace('eqmass-', '')} | ×{e['lr_scale']:g} "
+            f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
+            f"| {'–' if same else _delta(e, ref, 'mean_accuracy')} "
+            f"| {'–' if same else _delta(e, ref, 'worst_skill_accuracy')} "
+            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['efficiency'])} "
+            f"| {e['advantage_mass_ratio']:.2f} |"
         )
-    cmd = "python -m recipe.gdro.sim_sweep --out " + out + " --scenarios " + " ".join(scenarios) + f" --seeds {seeds}" + (f" --steps {steps}" if steps else "")
-    runtime = sum(r["runtime_seconds"] for r in results.values())
+    return lines
+
+
+def _outcomes(
+    scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str], ref_label: str
+) -> list[str]:
+    out, any_mean, any_worst = [], False, False
+    n = len(res["seeds"])
+    for m in methods:
+        e = res["methods"][m]
+        if e is ref:
+            continue
+        dm = paired_ci(e["per_seed"]["mean_accuracy"], ref["per_seed"]["mean_accuracy"])
+        dw = paired_ci(e["per_seed"]["worst_skill_accuracy"], ref["per_seed"]["worst_skill_accuracy"])
+        any_mean |= dm[1] > 0
+        any_worst |= dw[1] > 0
+        out.append(
+            f"- {scen}: **{m.replace('eqmass-', '')}** vs {ref_label}: "
+            f"{100 * dm[0]:+.1f} mean / {100 * dw[0]:+.1f} worst-skill points (paired, {n} seeds, 95% CI "
+            f"[{100 * dm[1]:+.1f}, {100 * dm[2]:+.1f}] / [{100 * dw[1]:+.1f}, {100 * dw[2]:+.1f}])."
+        )
+    if not any_mean and not any_worst:
+        out.append(f"- {scen}: **no method beats {ref_label}** on mean or worst-skill accuracy (no 95% CI above 0).")
+    elif not any_mean:
+        out.append(f"- {scen}: no method beats {ref_label} on mean accuracy.")
+    elif not any_worst:
+        out.append(f"- {scen}: no method beats {ref_label} on worst-skill accuracy.")
+    return out
+
+
+def study(
+    scenarios: Sequence[str],
+    learner: str,
+    n_seeds: int,
+    steps: Optional[int],
+    workers: Optional[int],
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    progress: bool = True,
+    command: str = "",
+) -> str:
+    os.makedirs(out, exist_ok=True)
+    seeds = list(range(n_seeds))
+    head = [COMPARE_HEADER, _sep(COMPARE_HEADER)]
+    eq = [COMPARE_HEADER, _sep(COMPARE_HEADER)]
+    dft = [DEFAULTS_HEADER, _sep(DEFAULTS_HEADER)]
+    outcome_head: list[str] = []
+    outcome_eq: list[str] = []
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {}
+    for name in scenarios:
+        sc = load_scenario(name)
+        tuned = lookup_tuned_lr(sc.name, learner, list(TUNE_PRESETS), table_path)
+        lr_note = "each method at its own tuned lr (× base): " + ", ".join(
+            f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS
+        )
+        headline = run_experiment(
+            sc,
+            os.path.join(out, sc.name),
+            methods=list(DEFAULT_METHODS),
+            lr_scales=tuned,
+            seeds=seeds,
+            steps=steps,
+            learner=learner,
+            workers=workers,
+            progress=progress,
+            lr_note=lr_note,
+            title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`",
+        )
+        ref = headline["methods"]["grpo"]
+        head += _compare_rows(sc.name, headline, ref, DEFAULT_METHODS)
+        outcome_head += _outcomes(sc.name, headline, ref, DEFAULT_METHODS, "tuned GRPO")
+
+        # Equal advantage mass and the defaults study: one batch of runs (no files, no plots).
+        presets: dict[str, dict[str, Any]] = {}
+        scales: dict[str, float] = {}
+        eq_names = [f"eqmass-{m}" for m in DEFAULT_METHODS if m != "grpo"]
+        for m in DEFAULT_METHODS:
+            if m == "grpo":
+                continue
+            p = json.loads(json.dumps(METHOD_PRESETS[m]))
+            p["prompt"]["normalize"] = "advantage_mass"
+            presets[f"eqmass-{m}"] = p
+            scales[f"eqmass-{m}"] = tuned["grpo"]
+        for _, vname, preset, lr_of, _ in DEFAULTS_VARIANTS:
+            presets[vname] = preset
+            scales[vname] = tuned[lr_of]
+        extra = run_experiment(
+            sc,
+            os.path.join(out, sc.name),
+            methods=list(presets),
+            presets=presets,
+            lr_scales=scales,
+            seeds=seeds,
+            steps=steps,
+            learner=learner,
+            workers=workers,
+            progress=progress,
+            write_files=False,
+        )
+        both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
+        eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
+        outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
+        for q, (ref_m, ref_label) in QUESTION_DEFAULT.items():
+            r = both["methods"][ref_m]
+            rows = [(ref_label, ref_m)]
+            if q == "Rollout-GDRO allocator":
+                rows += [(label, m) for m, label in ALLOCATOR_ROWS]
+            rows += [(label, v) for qq, v, _, _, label in DEFAULTS_VARIANTS if qq == q]
+            for label, v in rows:
+                e = both["methods"][v]
+                same = v == ref_m
+                dft.append(
+                    f"| {q} | {label} | {sc.name} | ×{e['lr_scale']:g} "
+                    f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
+                    f"| {'–' if same else _delta(e, r, 'mean_accuracy')} "
+                    f"| {'–' if same else _delta(e, r, 'worst_skill_accuracy')} "
+                    f"| {_pct(e['se_reduction'])} | {_pct(e['efficiency'])} |"
+                )
+        summary[sc.name] = {
+            m: {
+                k: e[k]
+                for k in (
+                    "lr_scale",
+                    "mean_accuracy",
+                    "worst_skill_accuracy",
+                    "se_reduction",
+                    "variance_reduction",
+                    "efficiency",
+                    "advantage_mass_ratio",
+                )
+            }
+            | {"per_seed": e["per_seed"]}
+            for m, e in both["methods"].items()
+        }
+    runtime = time.perf_counter() - t0
+    files = {"headline.md": "\n".join(head), "equal_mass.md": "\n".join(eq), "defaults.md": "\n".join(dft)}
+    for fn, text in files.items():
+        with open(os.path.join(out, fn), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    with open(table_path, encoding="utf-8", newline="") as f:
+        tuned_rows = [r for r in csv.DictReader(f) if r["learner"] == learner and r["scenario"] in summary]
+    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"))
+    lr_curve = ""
+    if os.path.exists(os.path.join(out, "lr_curve.md")):
+        with open(os.path.join(out, "lr_curve.md"), encoding="utf-8") as f:
+            lr_curve = f.read().strip()
     parts = [
-        "# GDRO defaults sweep — synthetic learner",
+        f"# GDRO simulator study — synthetic learner `{learner}`",
         "",
         f"> **{SYNTHETIC_NOTE}**",
         "",
-        f"Reproduce: `{cmd}` ({runtime:.0f} s of simulation).",
-        f"Seeds 0..{seeds - 1}, mean ± sample std over seeds; every variant at the same total rollouts;",
-        "final accuracies on held-out prompts after the last step; AUC = mean over steps (learning speed).",
-        "All other settings are the verl_ext defaults. Δ columns: per-seed paired differences against the",
-        "current default (same seed = same dataset, batches and reward draws), mean ± std over seeds.",
+        f"Reproduce: `{command}` ({runtime:.0f} s of simulation for the study; tuning separately).",
+        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {TUNE_SEED0}..",
+        "(different datasets,"
+        f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in LR_GRID)}}} by final held-out mean accuracy.",
+        "Δ = paired per-seed difference (same seed = same dataset, batches, reward and noise draws),",
+        "mean and 95% t interval; ↑ / ↓ = the interval lies above / below 0.",
+        "SE figures: true per-prompt variances, steady-state window (second epoch on).",
+        "",
+        "## Headline: every method at its own tuned lr (Δ vs tuned GRPO)",
+        "",
+        "\n".join(head),
+        "",
+        *outcome_head,
+        "",
+        "## Equal advantage mass: every method at tuned GRPO's lr, prompt.normalize=advantage_mass (Δ vs tuned GRPO)",
+        "",
+        "\n".join(eq),
+        "",
+        *outcome_eq,
+        "",
+        "## Defaults study (one option at a time; Δ vs the current default at its tuned lr)",
+        "",
+        "\n".join(dft),
         "",
     ]
-    for title, rows in QUESTIONS:
-        ref = next((var for label, var in rows if "[current default]" in label), None)
-        parts += [f"## {title}", "", compact_table(rows, results, ref), ""]
+    if lr_curve:
+        parts += [
+            "## Learning-rate curves (tuning seeds; final held-out mean accuracy, %)",
+            "",
+            lr_curve,
+            "",
+            "![lr curves](lr_curve.png)",
+            "",
+        ]
     text = "\n".join(parts)
-    with open(os.path.join(out, "SWEEP.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "STUDY.md"), "w", encoding="utf-8") as f:
         f.write(text)
-    summary = {s: {v: {k: r["methods"][v][k] for k in ("mean_accuracy", "mean_accuracy_std", "worst_skill_accuracy", "worst_skill_accuracy_std",
-                                                         "mean_accuracy_auc", "mean_accuracy_auc_std", "worst_skill_accuracy_auc",
-                                                         "worst_skill_accuracy_auc_std", "se_proxy_reduction_vs_uniform", "total_rollouts")}
-                   for v in VARIANTS} for s, r in results.items()}
-    with open(os.path.join(out, "sweep_summary.json"), "w", encoding="utf-8") as f:
-        json.dump({"synthetic_learner": True, "note": SYNTHETIC_NOTE, "command": cmd, "variants": VARIANTS, "results": summary}, f, indent=1)
+    with open(os.path.join(out, "study_summary.json"), "w", encoding="utf-8") as f:
+        json.dump(
+            {"synthetic_learner": True, "learner": learner, "command": command, "seeds": seeds, "results": summary},
+            f,
+            indent=1,
+            default=float,
+        )
     return text
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipe.gdro.sim_sweep", description="GDRO defaults sweep on the SYNTHETIC learner.")
-    p.add_argument("--out", default=os.path.join("outputs", "sim_sweep"))
-    p.add_argument("--scenarios", nargs="+", default=["dapo_like", "rare_hard_skill", "unsolvable_share"])
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--steps", type=int, default=None)
+    p = argparse.ArgumentParser(
+        prog="python -m recipe.gdro.sim_sweep",
+        description="lr tuning, tuned headline and defaults study on the SYNTHETIC learner.",
+    )
+    p.add_argument("what", choices=["tune", "study", "all"])
+    p.add_argument("--out", default=os.path.join("outputs", "sim_study"))
+    p.add_argument(
+        "--scenarios", nargs="+", default=shipped_scenarios(), help=f"default: {' '.join(shipped_scenarios())}"
+    )
+    p.add_argument("--learner", default=DEFAULT_LEARNER, choices=list(LEARNERS))
+    p.add_argument("--seeds", type=int, default=5, help="evaluation seeds 0..N-1 (study)")
+    p.add_argument("--tune-seeds", type=int, default=3, help=f"tuning seeds {TUNE_SEED0}..{TUNE_SEED0}+N-1")
+    p.add_argument("--steps", type=int, default=None, help="steps (default: each scenario's)")
     p.add_argument("--workers", type=int, default=None)
+    p.add_argument("--table", default=TUNED_LR_FILE, help="tuned-lr table to write (tune) / read (study)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    print(run_sweep(args.out, args.scenarios, args.seeds, args.steps, args.workers, progress=not args.quiet))
+    for s in args.scenarios:
+        load_scenario(s)
+    cmd = "python -m recipe.gdro.sim_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.what in ("tune", "all"):
+        print(
+            tune(
+                args.scenarios,
+                args.learner,
+                args.tune_seeds,
+                args.steps,
+                args.workers,
+                args.out,
+                args.table,
+                not args.quiet,
+            )
+        )
+    if args.what in ("study", "all"):
+        print(
+            study(
+                args.scenarios,
+                args.learner,
+                args.seeds,
+                args.steps,
+                args.workers,
+                args.out,
+                args.table,
+                not args.quiet,
+                cmd,
+            )
+        )
     return 0
 
 

@@ -29,12 +29,19 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from recipe.gdro.metrics_io import append_metrics_jsonl
-from recipe.gdro.sim_learner import SyntheticLearner
-from recipe.gdro.sim_methods import DEFAULT_METHODS, METHOD_PRESETS, build_gdro_dict, parse_set_overrides
-from recipe.gdro.sim_scenario import Scenario, ScenarioError, load_scenario
+from recipe.gdro.sim_learner import DEFAULT_LEARNER, LEARNERS, make_learner
+from recipe.gdro.sim_methods import (
+    DEFAULT_METHODS,
+    METHOD_PRESETS,
+    TUNED_LR_FILE,
+    build_gdro_dict,
+    lookup_tuned_lr,
+    parse_set_overrides,
+)
+from recipe.gdro.sim_scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
 
 SYNTHETIC_NOTE = (
-    "SYNTHETIC LEARNER: a logistic skills-and-prompts model trained by GRPO on simulated Bernoulli "
+    "SYNTHETIC LEARNER: a skills-and-prompts logit model trained by GRPO on simulated Bernoulli "
     "rewards, driven by the real verl_ext controllers. It shows what the adversaries do; it is not "
     "evidence about LLM training."
 )
@@ -45,7 +52,19 @@ SUMMARY_KEYS = (
     "train_mean_accuracy",
     "mean_accuracy_auc",
     "worst_skill_accuracy_auc",
-    "se_proxy_reduction_vs_uniform",
+    "se_reduction",
+    "variance_reduction",
+    "oracle_se_reduction",
+    "efficiency",
+    "advantage_mass_ratio",
+)
+EXTRA_CURVES = (
+    "mu",
+    "se_proxy_reduction",
+    "true_se_reduction",
+    "true_variance_reduction",
+    "oracle_se_reduction",
+    "advantage_mass_ratio",
 )
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
 
@@ -63,6 +82,8 @@ def run_one(
     overrides: Optional[Mapping[str, Any]] = None,
     metrics_path: Optional[str] = None,
     progress: Any = None,
+    learner: str = DEFAULT_LEARNER,
+    lr_scale: float = 1.0,
 ) -> dict[str, Any]:
     """Train the synthetic learner for ``steps`` steps with one method and one seed.
 
@@ -75,14 +96,16 @@ def run_one(
     gdro_dict = build_gdro_dict(scenario, preset if preset is not None else method, overrides or {}, seed)
     cfg = gdro_config_from_dict(gdro_dict)
     ctl = GDROController(cfg, scenario.num_prompts)
-    learner = SyntheticLearner(scenario, seed)
+    learner_name = learner
+    learner = make_learner(learner_name, scenario, seed, lr=scenario.lr * float(lr_scale))
     S = learner.num_skills
     names = [s.name for s in scenario.skills]
 
+    from verl_ext.rollout_gdro import allocation_quality
+
     curves = {k: np.empty(steps + 1) for k in CURVE_KEYS}
     skill_acc = np.empty((steps + 1, S))
-    mu = np.full(steps + 1, np.nan)
-    se_red = np.full(steps + 1, np.nan)
+    extra = {k: np.full(steps + 1, np.nan) for k in EXTRA_CURVES}
     ev = learner.evaluate()
     for k in CURVE_KEYS:
         curves[k][0] = ev[k]
@@ -92,10 +115,13 @@ def run_one(
     total_rollouts = 0
     if metrics_path and os.path.exists(metrics_path):
         os.remove(metrics_path)
+    r_cfg = cfg.rollout
 
     for t in range(1, steps + 1):
         ids = learner.next_batch()
         counts = ctl.schedule(ids)
+        # How good this allocation is for the TRUE per-prompt variances p(1-p) (before the update).
+        q = allocation_quality(counts, learner.true_variance(ids), r_cfg.n_mean, r_cfg.n_min, r_cfg.n_max)
         roll = learner.rollout(ids, counts, t)
         adv = learner.grpo_advantages(roll["rewards"], roll["prompt_ids"])
         mult = ctl.observe(roll["prompt_ids"], roll["rewards"] > 0.5, response_abs_advantage=np.abs(adv))
@@ -112,8 +138,13 @@ def run_one(
         skill_rollouts += step_skill_rollouts
         skill_prompts += step_skill_prompts
         m = ctl.metrics()
-        mu[t] = m.get("gdro/mu", np.nan)
-        se_red[t] = m.get("gdro/se_proxy_reduction", np.nan)
+        extra["mu"][t] = m.get("gdro/mu", np.nan)
+        extra["se_proxy_reduction"][t] = m.get("gdro/se_proxy_reduction", np.nan)
+        extra["true_se_reduction"][t] = q["se_reduction"]
+        extra["true_variance_reduction"][t] = q["variance_reduction"]
+        extra["oracle_se_reduction"][t] = q["oracle_se_reduction"]
+        abs_mass = float(np.abs(adv).sum())
+        extra["advantage_mass_ratio"][t] = float(np.abs(adv * mult).sum() / abs_mass) if abs_mass > 0 else 1.0
 
         if metrics_path:
             rec = dict(m)
@@ -123,6 +154,8 @@ def run_one(
             rec["sim/pass_at_8"] = ev["pass_at_8"]
             rec["sim/train_mean_accuracy"] = ev["train_mean_accuracy"]
             rec["sim/rollouts_total"] = float(counts.sum())
+            for key, val in q.items():
+                rec[f"sim/true_se/{key}"] = val
             for j, name in enumerate(names):
                 rec[f"sim/skill/{name}/accuracy"] = float(ev["skill_accuracy"][j])
                 rec[f"sim/skill/{name}/data_share"] = float(step_skill_prompts[j] / len(ids))
@@ -132,25 +165,47 @@ def run_one(
             with progress.get_lock():
                 progress.value += 1
 
-    uniform_allocation = not cfg.rollout.enable or cfg.rollout.allocator == "uniform"
     summary = {k: float(curves[k][-1]) for k in CURVE_KEYS}
     summary["mean_accuracy_auc"] = float(curves["mean_accuracy"][1:].mean())
     summary["worst_skill_accuracy_auc"] = float(curves["worst_skill_accuracy"][1:].mean())
-    # A uniform allocation IS the uniform counterfactual: its reduction is exactly 0.
-    summary["se_proxy_reduction_vs_uniform"] = 0.0 if uniform_allocation else float(np.nanmean(se_red[1:]))
+    lo = steady_state_start(scenario, steps)
+    win = slice(lo, steps + 1)
+    se, vr, orc = (
+        float(np.mean(extra[k][win])) for k in ("true_se_reduction", "true_variance_reduction", "oracle_se_reduction")
+    )
+    summary["se_reduction"] = se
+    summary["variance_reduction"] = vr
+    summary["oracle_se_reduction"] = orc
+    # Share of the oracle's achievable SE reduction obtained, over the window (ratio of means).
+    summary["efficiency"] = se / orc if orc > 1e-12 else float("nan")
+    summary["advantage_mass_ratio"] = float(np.mean(extra["advantage_mass_ratio"][1:]))
     return {
         "method": method,
         "seed": int(seed),
         "steps": steps,
+        "learner": learner_name,
+        "lr": learner.lr,
+        "lr_scale": float(lr_scale),
         "gdro_config": gdro_config_to_dict(cfg),
         "summary": summary,
         "total_rollouts": int(total_rollouts),
-        "curves": {**{k: v.tolist() for k, v in curves.items()}, "mu": mu.tolist(), "se_proxy_reduction": se_red.tolist()},
+        "curves": {**{k: v.tolist() for k, v in curves.items()}, **{k: v.tolist() for k, v in extra.items()}},
         "skill_accuracy_final": skill_acc[-1].tolist(),
         "skill_compute_share": (skill_rollouts / max(skill_rollouts.sum(), 1.0)).tolist(),
         "skill_data_share": (skill_prompts / max(skill_prompts.sum(), 1.0)).tolist(),
         "skill_rollouts_per_prompt": (skill_rollouts / np.maximum(skill_prompts, 1.0)).tolist(),
     }
+
+
+def steady_state_start(scenario: Scenario, steps: int) -> int:
+    """First step of the steady-state window for the SE figures: the second epoch.
+
+    During the first epoch (ceil(num_prompts / batch_size) steps) most prompts are unseen and
+    every allocator is still near uniform; from the second epoch every prompt has been seen once.
+    Runs shorter than two epochs use all steps.
+    """
+    warmup = -(-scenario.num_prompts // scenario.batch_size)
+    return warmup + 1 if steps > warmup else 1
 
 
 class _BarCounter:
@@ -185,11 +240,74 @@ def _init_worker(counter: Any) -> None:
 
 
 def _task(args: tuple) -> dict[str, Any]:
-    scenario, method, seed, steps, preset, overrides, metrics_path = args
-    return run_one(scenario, method, seed, steps=steps, preset=preset, overrides=overrides, metrics_path=metrics_path, progress=_PROGRESS)
+    scenario, method, seed, steps, preset, overrides, metrics_path, learner, lr_scale = args
+    return run_one(
+        scenario,
+        method,
+        seed,
+        steps=steps,
+        preset=preset,
+        overrides=overrides,
+        metrics_path=metrics_path,
+        progress=_PROGRESS,
+        learner=learner,
+        lr_scale=lr_scale,
+    )
 
 
-# ------------------------------------------------------------------------------------ experiment
+# ------------------------------------------------------------------------------------ statistics
+# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+
+
+def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, int]:
+    """Mean of the per-seed differences a - b and its 95% t interval: (mean, lo, hi, n).
+
+    Seeds are paired: the same seed gives both runs the same dataset, batches and reward draws.
+    With one seed the interval is (nan, nan).
+    """
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    n = len(d)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    mean = float(d.mean())
+    if n < 2:
+        return mean, float("nan"), float("nan"), n
+    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * float(d.std(ddof=1)) / np.sqrt(n)
+    return mean, mean - half, mean + half, n
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0 or np.all(np.isnan(arr)):
@@ -213,6 +331,7 @@ def _round_list(values: Sequence[float], nd: int = 5) -> list[Optional[float]]:
     return [None if (v is None or not np.isfinite(v)) else round(float(v), nd) for v in values]
 
 
+# ------------------------------------------------------------------------------------ experiment
 def run_experiment(
     scenario: Scenario,
     out_dir: str,
@@ -222,32 +341,41 @@ def run_experiment(
     steps: Optional[int] = None,
     overrides: Optional[Mapping[str, Any]] = None,
     presets: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    lr_scales: Optional[Mapping[str, float]] = None,
+    learner: str = DEFAULT_LEARNER,
     workers: Optional[int] = None,
     progress: bool = True,
     plots: bool = True,
+    write_files: bool = True,
+    metrics_files: bool = True,
     title: Optional[str] = None,
+    lr_note: str = "",
 ) -> dict[str, Any]:
     """Run every (method, seed), write results.json / report.md / plots / metrics JSONL to ``out_dir``.
 
     ``presets`` maps extra method names to explicit gdro presets (for sweeps); names there need not
-    be in :data:`METHOD_PRESETS`.
+    be in :data:`METHOD_PRESETS`. ``lr_scales`` multiplies the scenario's lr per method (default 1).
     """
     presets = dict(presets or {})
+    lr_scales = dict(lr_scales or {})
     methods = list(methods or DEFAULT_METHODS)
     for m in methods:
         if m not in METHOD_PRESETS and m not in presets:
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHOD_PRESETS)}")
+    if learner not in LEARNERS:
+        raise ValueError(f"unknown learner {learner!r}; choose from {', '.join(LEARNERS)}")
     seeds = list(seeds if seeds is not None else range(scenario.seeds))
     steps = int(steps or scenario.steps)
     overrides = dict(overrides or {})
     workers = int(workers or min(2, os.cpu_count() or 1))
-    os.makedirs(out_dir, exist_ok=True)
+    if write_files:
+        os.makedirs(out_dir, exist_ok=True)
 
     jobs = []
     for m in methods:
         for s in seeds:
-            path = os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl")
-            jobs.append((scenario, m, s, steps, presets.get(m), overrides, path))
+            path = os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl") if (write_files and metrics_files) else None
+            jobs.append((scenario, m, s, steps, presets.get(m), overrides, path, learner, float(lr_scales.get(m, 1.0))))
 
     # Import verl once here so forked workers share it instead of importing it each.
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: F401
@@ -259,8 +387,13 @@ def run_experiment(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, unit="step", desc=f"simulating {scenario.name} [synthetic learner]",
-                   dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0)
+        bar = tqdm(
+            total=total,
+            unit="step",
+            desc=f"simulating {scenario.name} [synthetic learner]",
+            dynamic_ncols=True,
+            mininterval=0.5 if sys.stderr.isatty() else 5.0,
+        )
 
     def tick(counter: Any) -> None:
         if bar is not None and counter.value > bar.n:
@@ -269,12 +402,23 @@ def run_experiment(
     if workers <= 1 or len(jobs) == 1:
         counter = _BarCounter(bar)
         for job in jobs:
-            r = run_one(*job[:3], steps=job[3], preset=job[4], overrides=job[5], metrics_path=job[6], progress=counter)
+            r = run_one(
+                *job[:3],
+                steps=job[3],
+                preset=job[4],
+                overrides=job[5],
+                metrics_path=job[6],
+                progress=counter,
+                learner=job[7],
+                lr_scale=job[8],
+            )
             results[(r["method"], r["seed"])] = r
     else:
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
         counter = ctx.Value("q", 0)
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)
+        ) as pool:
             futures = [pool.submit(_task, job) for job in jobs]
             while not all(f.done() for f in futures):
                 tick(counter)
@@ -288,7 +432,11 @@ def run_experiment(
         bar.close()
     runtime = time.perf_counter() - t0
 
-    out = assemble_results(scenario, methods, seeds, steps, overrides, results, runtime, out_dir)
+    out = assemble_results(
+        scenario, methods, seeds, steps, overrides, results, runtime, out_dir, learner=learner, lr_note=lr_note
+    )
+    if not write_files:
+        return out
     with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(_json_safe(out), f, indent=1, allow_nan=False)
     plot_files: list[str] = []
@@ -309,12 +457,15 @@ def assemble_results(
     results: Mapping[tuple[str, int], dict[str, Any]],
     runtime: float,
     out_dir: str,
+    *,
+    learner: str = DEFAULT_LEARNER,
+    lr_note: str = "",
 ) -> dict[str, Any]:
     names = [s.name for s in scenario.skills]
     per_method: dict[str, Any] = {}
     for m in methods:
         runs = [results[(m, s)] for s in seeds]
-        entry: dict[str, Any] = {"synthetic_learner": True}
+        entry: dict[str, Any] = {"synthetic_learner": True, "lr": runs[0]["lr"], "lr_scale": runs[0]["lr_scale"]}
         per_seed: dict[str, list] = {}
         for k in SUMMARY_KEYS:
             vals = [r["summary"][k] for r in runs]
@@ -328,9 +479,11 @@ def assemble_results(
         entry["gdro_config"] = runs[0]["gdro_config"]
         for key in ("skill_accuracy_final", "skill_compute_share", "skill_data_share", "skill_rollouts_per_prompt"):
             arr = np.asarray([r[key] for r in runs])
-            entry[key.replace("_final", "")] = {n: round(float(v), 5) for n, v in zip(names, arr.mean(axis=0))}
+            entry[key.replace("_final", "")] = {
+                n: round(float(v), 5) for n, v in zip(names, arr.mean(axis=0), strict=True)
+            }
         curves: dict[str, Any] = {"step": list(range(steps + 1))}
-        for k in list(CURVE_KEYS) + ["mu", "se_proxy_reduction"]:
+        for k in list(CURVE_KEYS) + list(EXTRA_CURVES):
             arr = np.asarray([r["curves"][k] for r in runs], dtype=np.float64)
             if np.all(np.isnan(arr)):
                 continue
@@ -340,21 +493,26 @@ def assemble_results(
                 std = np.nanstd(arr, axis=0, ddof=1) if len(runs) > 1 else np.zeros(arr.shape[1])
             curves[k] = {"mean": _round_list(mean), "std": _round_list(std)}
         entry["curves"] = curves
-        entry["metrics_files"] = [os.path.relpath(os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl"), out_dir) for s in seeds]
+        entry["metrics_files"] = [
+            os.path.relpath(os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl"), out_dir) for s in seeds
+        ]
         per_method[m] = entry
     totals = {m: per_method[m]["per_seed"]["total_rollouts"] for m in methods}
     equal = len({t for v in totals.values() for t in v}) == 1
     return {
         "synthetic_learner": True,
         "note": SYNTHETIC_NOTE,
+        "learner": learner,
         "scenario": scenario.to_dict(),
         "scenario_file": scenario.source,
         "methods_compared": list(methods),
         "seeds": list(seeds),
         "steps": steps,
+        "steady_state_from_step": steady_state_start(scenario, steps),
         "rollouts_per_step": scenario.batch_size * scenario.n_mean,
         "equal_total_rollouts": bool(equal),
         "gdro_overrides": dict(overrides),
+        "lr_note": lr_note,
         "runtime_seconds": round(runtime, 2),
         "methods": per_method,
     }
@@ -369,24 +527,77 @@ def _fmt(mean: float, std: float, pct: bool = True) -> str:
     return f"{mean:.3f} ± {std:.3f}"
 
 
-def results_table(res: Mapping[str, Any], baseline: str = "grpo") -> str:
-    """Markdown table of the per-method summary (percentages; mean ± std over seeds)."""
-    methods = res["methods"]
-    base = methods.get(baseline)
-    lines = [
-        "| method | mean acc. (%) | worst-skill acc. (%) | pass@8 (%) | mean acc. AUC (%) | SE-proxy reduction (%) | total rollouts | Δ mean / Δ worst vs " + baseline + " (pts) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for name, e in methods.items():
-        delta = "–"
-        if base is not None and name != baseline:
-            delta = f"{100 * (e['mean_accuracy'] - base['mean_accuracy']):+.1f} / {100 * (e['worst_skill_accuracy'] - base['worst_skill_accuracy']):+.1f}"
+def _pct(x: Optional[float]) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+RESULTS_HEADER = (
+    "| method | lr | mean acc. (%) | worst-skill acc. (%) | pass@8 (%) | mean acc. AUC (%) "
+    "| SE red. (%) | var. red. (%) | oracle SE red. (%) | efficiency (%) | adv. mass ratio | total rollouts |"
+)
+
+
+def results_table(res: Mapping[str, Any]) -> str:
+    """Markdown table of the per-method summary (percentages; mean ± std over seeds).
+
+    SE figures use the TRUE per-prompt variances p(1-p), averaged over the steady-state window.
+    """
+    lines = [RESULTS_HEADER, "|" + "---|" * (RESULTS_HEADER.count("|") - 1)]
+    for name, e in res["methods"].items():
         lines.append(
-            f"| {name} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} | {_fmt(e['worst_skill_accuracy'], e['worst_skill_accuracy_std'])} "
-            f"| {_fmt(e['pass_at_8'], e['pass_at_8_std'])} | {_fmt(e['mean_accuracy_auc'], e['mean_accuracy_auc_std'])} "
-            f"| {_fmt(e['se_proxy_reduction_vs_uniform'], e['se_proxy_reduction_vs_uniform_std'])} | {e['total_rollouts']} | {delta} |"
+            f"| {name} | {e['lr']:.4g} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} "
+            f"| {_fmt(e['worst_skill_accuracy'], e['worst_skill_accuracy_std'])} "
+            f"| {_fmt(e['pass_at_8'], e['pass_at_8_std'])} "
+            f"| {_fmt(e['mean_accuracy_auc'], e['mean_accuracy_auc_std'])} "
+            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['oracle_se_reduction'])} "
+            f"| {_pct(e['efficiency'])} | {e['advantage_mass_ratio']:.2f} | {e['total_rollouts']} |"
         )
     return "\n".join(lines)
+
+
+def _ci_text(a: Sequence[float], b: Sequence[float]) -> tuple[str, float, float]:
+    mean, lo, hi, _ = paired_ci(a, b)
+    if not np.isfinite(lo):
+        return f"{100 * mean:+.1f}", lo, hi
+    return f"{100 * mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]", lo, hi
+
+
+def outcome_lines(res: Mapping[str, Any], baseline: str = "grpo", baseline_label: str = "GRPO") -> list[str]:
+    """One sentence per method: paired differences against the baseline with 95% CIs, and a plain verdict."""
+    methods = res["methods"]
+    if baseline not in methods:
+        return []
+    base = methods[baseline]["per_seed"]
+    n = len(res["seeds"])
+    out = []
+    winners_mean, winners_worst = [], []
+    for name, e in methods.items():
+        if name == baseline:
+            continue
+        mt, mlo, mhi = _ci_text(e["per_seed"]["mean_accuracy"], base["mean_accuracy"])
+        wt, wlo, whi = _ci_text(e["per_seed"]["worst_skill_accuracy"], base["worst_skill_accuracy"])
+        verdict = []
+        for metric, lo, hi, winners in (("mean", mlo, mhi, winners_mean), ("worst-skill", wlo, whi, winners_worst)):
+            if np.isfinite(lo) and lo > 0:
+                verdict.append(f"better on {metric}")
+                winners.append(name)
+            elif np.isfinite(hi) and hi < 0:
+                verdict.append(f"worse on {metric}")
+            else:
+                verdict.append(f"no clear difference on {metric}")
+        out.append(
+            f"- **{name}** vs {baseline_label}: {mt} mean / {wt} worst-skill points "
+            f"(paired, {n} seeds, 95% CI): {', '.join(verdict)}."
+        )
+    if n >= 2:
+        if not winners_mean and not winners_worst:
+            out.append(f"- **No method beats {baseline_label}** on mean or worst-skill accuracy here (95% CI above 0).")
+        else:
+            if not winners_mean:
+                out.append(f"- No method beats {baseline_label} on mean accuracy here.")
+            if not winners_worst:
+                out.append(f"- No method beats {baseline_label} on worst-skill accuracy here.")
+    return out
 
 
 def skills_table(res: Mapping[str, Any]) -> str:
@@ -408,6 +619,7 @@ def skills_table(res: Mapping[str, Any]) -> str:
 def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str], title: Optional[str] = None) -> str:
     sc = res["scenario"]
     title = title or f"GDRO simulator — synthetic learner — scenario `{sc['name']}`"
+    overrides = json.dumps(res["gdro_overrides"]) if res["gdro_overrides"] else "none (verl_ext defaults)"
     lines = [
         f"# {title}",
         "",
@@ -415,18 +627,30 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
         "",
         f"Scenario: `{sc['name']}` ({res['scenario_file']}). {sc.get('description', '').strip()}",
         "",
-        f"- {sc['num_prompts']} training prompts in {len(sc['skills'])} skills, {sc['num_eval_prompts']} held-out prompts; "
-        f"batch {sc['batch_size']} prompts × n̄ = {sc['n_mean']} → {res['rollouts_per_step']} rollouts per step for every method; "
-        f"{res['steps']} steps; lr {sc['lr']}, transfer {sc['transfer']}, grad_noise {sc['grad_noise']}.",
+        f"- Learner: `{res['learner']}` (recipe/gdro/sim_learner.py). {sc['num_prompts']} training prompts in "
+        f"{len(sc['skills'])} skills, {sc['num_eval_prompts']} held-out prompts; batch {sc['batch_size']} prompts × "
+        f"n̄ = {sc['n_mean']} → {res['rollouts_per_step']} rollouts per step for every method; {res['steps']} steps; "
+        f"base lr {sc['lr']}, transfer {sc['transfer']}, grad_noise {sc['grad_noise']}.",
+        f"- Learning rates: {res.get('lr_note') or 'the scenario lr for every method (not tuned)'}.",
         f"- Seeds: {res['seeds']} (mean ± sample std over seeds). Equal total rollouts across methods: "
         f"**{'yes' if res['equal_total_rollouts'] else 'NO'}**.",
-        f"- gdro overrides: `{json.dumps(res['gdro_overrides']) if res['gdro_overrides'] else 'none (verl_ext defaults)'}`; simulation time {res['runtime_seconds']:.1f} s.",
+        f"- gdro overrides: `{overrides}`; simulation time {res['runtime_seconds']:.1f} s.",
         "- Accuracies are exact expectations on held-out prompts of the same skills after the last step (synthetic).",
-        "  AUC = mean over steps (learning speed). SE-proxy reduction = mean over steps of 1 − se(n)/se(uniform) (DESIGN §2.3).",
+        "  AUC = mean over steps (learning speed).",
+        "- SE figures use the learner's TRUE per-prompt variances p(1-p) and are averaged over the steady-state "
+        f"window (steps {res['steady_state_from_step']}..{res['steps']}: from the second epoch, when every prompt "
+        "has been seen): "
+        "SE red. = 1 − se(n)/se(uniform), var. red. = 1 − V(n)/V(uniform), oracle SE red. = the best allocation "
+        "for the true variances, efficiency = SE red. / oracle SE red. (ratio of window means). "
+        "Adv. mass ratio = Σ|A·m| / Σ|A| (mean over steps; > 1 means a larger effective step than GRPO).",
         "",
         "## Results (synthetic learner)",
         "",
         results_table(res),
+        "",
+        "## Outcome per method (synthetic learner)",
+        "",
+        *(outcome_lines(res) or ["- (GRPO not run: no paired comparison)"]),
         "",
         "## Per skill: final accuracy / share of all rollouts (synthetic learner)",
         "",
@@ -448,18 +672,49 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
 
 # ------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
+    shipped = ", ".join(shipped_scenarios())
     p = argparse.ArgumentParser(
         prog="python -m recipe.gdro.simulate",
         description="Compare GRPO / Prompt-GDRO / Rollout-GDRO / joint at equal rollouts on a SYNTHETIC learner.",
+        epilog=f"Shipped scenarios: {shipped}. Learners: {', '.join(LEARNERS)} (default {DEFAULT_LEARNER}). "
+        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim_sweep --help. See docs/simulator.md.",
     )
-    p.add_argument("--scenario", default=None, help="scenario YAML file or shipped scenario name (default: dapo_like)")
+    p.add_argument(
+        "--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)"
+    )
+    p.add_argument(
+        "--learner",
+        default=DEFAULT_LEARNER,
+        choices=list(LEARNERS),
+        help="synthetic learner: shared (shared representation, noise, interference, capacity, curvature; "
+        "default) or logistic (the earlier monotone per-skill learner)",
+    )
     p.add_argument("--out", default=None, help="output folder (default: outputs/sim_<scenario>)")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: the scenario's)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds: SEED .. SEED+K-1 (default: the scenario's)")
-    p.add_argument("--methods", nargs="+", default=None, choices=list(METHOD_PRESETS), help="methods to compare (default: all)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate (repeatable)")
+    p.add_argument(
+        "--seeds", type=int, default=None, help="number of seeds: SEED .. SEED+K-1 (default: the scenario's)"
+    )
+    p.add_argument(
+        "--methods", nargs="+", default=None, choices=list(METHOD_PRESETS), help="methods to compare (default: all)"
+    )
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--lr-scale", type=float, default=None, help="multiply the scenario's lr by this for every method")
+    lr.add_argument(
+        "--tuned-lr",
+        action="store_true",
+        help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
+        "(written by python -m recipe.gdro.sim_sweep tune)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate or "
+        "binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1] (repeatable)",
+    )
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: min(2, cores))")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -468,36 +723,59 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    from verl_ext import GDROConfigError, gdro_config_from_dict  # light: no verl import
+
+    # Everything that can be wrong in the arguments fails here: before verl's slow import and
+    # before the output folder exists.
     try:
         scenario = load_scenario(args.scenario)
         overrides = parse_set_overrides(args.overrides)
-    except (ScenarioError, ValueError) as exc:
+        methods = list(args.methods or DEFAULT_METHODS)
+        for m in methods:
+            gdro_config_from_dict(build_gdro_dict(scenario, m, overrides, seed=0))
+        if args.steps is not None and args.steps < 1:
+            raise ValueError("--steps must be >= 1")
+        n_seeds = args.seeds if args.seeds is not None else scenario.seeds
+        if n_seeds < 1:
+            raise ValueError("--seeds must be >= 1")
+        if args.lr_scale is not None and not args.lr_scale > 0:
+            raise ValueError(f"--lr-scale {args.lr_scale} must be > 0")
+        lr_scales: dict[str, float] = {}
+        lr_note = ""
+        if args.tuned_lr:
+            lr_scales = lookup_tuned_lr(scenario.name, args.learner, methods)
+            lr_note = f"each method at its own tuned lr (× base) from {os.path.relpath(TUNED_LR_FILE)}: " + ", ".join(
+                f"{m} ×{lr_scales[m]:g}" for m in methods
+            )
+        elif args.lr_scale is not None:
+            lr_scales = {m: args.lr_scale for m in methods}
+            lr_note = f"the scenario lr × {args.lr_scale:g} for every method (not tuned)"
+    except (ScenarioError, GDROConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.steps is not None and args.steps < 1:
-        print("error: --steps must be >= 1", file=sys.stderr)
-        return 2
-    n_seeds = args.seeds if args.seeds is not None else scenario.seeds
-    if n_seeds < 1:
-        print("error: --seeds must be >= 1", file=sys.stderr)
         return 2
     seeds = list(range(args.seed, args.seed + n_seeds))
     out_dir = args.out or os.path.join("outputs", f"sim_{scenario.name}")
-    try:
-        res = run_experiment(
-            scenario, out_dir, methods=args.methods, seeds=seeds, steps=args.steps, overrides=overrides,
-            workers=args.workers, progress=not args.quiet, plots=not args.no_plots,
-        )
-    except Exception as exc:  # config errors from verl_ext name the key
-        from verl_ext import GDROConfigError
-
-        if isinstance(exc, GDROConfigError):
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        raise
-    print(f"\n[synthetic learner] scenario {scenario.name}: {len(res['methods'])} methods × {len(seeds)} seeds × {res['steps']} steps "
-          f"in {res['runtime_seconds']:.1f} s")
+    res = run_experiment(
+        scenario,
+        out_dir,
+        methods=methods,
+        seeds=seeds,
+        steps=args.steps,
+        overrides=overrides,
+        lr_scales=lr_scales,
+        learner=args.learner,
+        workers=args.workers,
+        progress=not args.quiet,
+        plots=not args.no_plots,
+        lr_note=lr_note,
+    )
+    print(
+        f"\n[synthetic learner: {args.learner}] scenario {scenario.name}: "
+        f"{len(res['methods'])} methods × {len(seeds)} seeds "
+        f"× {res['steps']} steps in {res['runtime_seconds']:.1f} s"
+    )
     print(results_table(res))
+    print("\n".join(outcome_lines(res)))
     print(f"\nwrote {os.path.join(out_dir, 'results.json')}, {os.path.join(out_dir, 'report.md')} and plots")
     return 0
 
