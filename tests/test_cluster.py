@@ -61,8 +61,8 @@ def test_missing_flash_attn_is_refused_naming_the_key_and_the_sdpa_fallback():
     # sdpa needs only torch
     assert cluster.check_attention(compose_config([SDPA]), strict=True).importable is True
     # an implementation the recipe does not know is left to transformers
-    unknown = cluster.check_attention(compose_config(["++actor_rollout_ref.model.override_config.attn_implementation=x"]),
-                                      strict=True)
+    unknown_impl = compose_config(["++actor_rollout_ref.model.override_config.attn_implementation=x"])
+    unknown = cluster.check_attention(unknown_impl, strict=True)
     assert unknown.module is None
 
 
@@ -84,7 +84,7 @@ def test_real_launch_refuses_missing_flash_attn_before_ray(capsys, data, monkeyp
 def test_dry_run_reports_attention_on_cpu_and_refuses_it_where_cuda_is(capsys, data, monkeypatch):
     code, out, err = run_cli(capsys, paper_overrides(data))
     assert code == 0, err
-    assert "attention    model.override_config.attn_implementation = flash_attention_2 (flash_attn NOT importable" in out
+    assert "model.override_config.attn_implementation = flash_attention_2 (flash_attn NOT importable" in out
     assert "the real launch refuses it" in out
     code, out, err = run_cli(capsys, paper_overrides(data) + [SDPA])
     assert code == 0, err
@@ -114,7 +114,7 @@ def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
     exec(compile(src.replace("setup(", "SETUP_KWARGS = dict(", 1), "setup.py", "exec"), namespace)
     kwargs = namespace["SETUP_KWARGS"]
     gpu = kwargs["extras_require"]["gpu"]
-    assert any(r.startswith("verl[") and "vllm" in r and "flash-attn-cu130torch211" in r and "==0.9.1" in r for r in gpu)
+    assert gpu == ["verl[vllm,flash-attn-cu130torch211]==0.9.1"]
     cpu = kwargs["install_requires"] + kwargs["extras_require"]["test"]
     assert not any("flash" in r or "vllm" in r or "[" in r for r in cpu), cpu
 
@@ -175,7 +175,7 @@ def test_dry_run_shows_the_shipped_modules(capsys, data):
 def test_transfer_queue_cpu_check():
     config = compose_config([])
     assert cluster.tq_storage_units(config) == 8  # verl 0.9.1's default
-    with pytest.raises(GDRORecipeError, match=r"num_data_storage_units=8.*needs >= 10 Ray CPUs; this Ray cluster has 2"):
+    with pytest.raises(GDRORecipeError, match=r"units=8.*needs >= 10 Ray CPUs; this Ray cluster has 2"):
         cluster.check_transfer_queue_cpus(config, 2)
     cluster.check_transfer_queue_cpus(config, 10)
     one = compose_config(["transfer_queue.backend.SimpleStorage.num_data_storage_units=1"])

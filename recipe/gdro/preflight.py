@@ -191,7 +191,8 @@ def vllm_group_sizes(config: DictConfig, counts: dict[str, int]) -> tuple[list[s
     ]
     outputs = llm.generate([PREFLIGHT_PROMPT] * len(keys), params)
     realised = [k for k, out in zip(keys, outputs) for _ in out.outputs]
-    facts: dict[str, Any] = {"engine_start_s": round(started, 1), "generate_s": round(time.monotonic() - t0 - started, 1)}
+    generated = time.monotonic() - t0 - started
+    facts: dict[str, Any] = {"engine_start_s": round(started, 1), "generate_s": round(generated, 1)}
     try:  # KV-cache capacity vLLM allocated (tokens per replica), to compare with docs/cluster.md
         cache = llm.llm_engine.vllm_config.cache_config
         facts["kv_cache_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
@@ -236,7 +237,7 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         report = check_group_sizes(counts, realised)
         log(f"4/4 vLLM: {report.describe()}; {facts}", stdout)
         if not report.ok:
-            raise PreflightError(f"vLLM returned group sizes that differ from the scheduled counts: {report.describe()}")
+            raise PreflightError(f"vLLM's group sizes differ from the scheduled counts: {report.describe()}")
     except (GDRORecipeError, PreflightError) as e:
         print(f"gdro preflight: error: {e}", file=stderr)
         return 2
