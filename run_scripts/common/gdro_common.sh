@@ -458,7 +458,7 @@ gdro_launch() {
   or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=1 checks the config without data)."
     fi
     if ((nnodes > 1)) && command -v ray >/dev/null 2>&1 && ! ray status >/dev/null 2>&1; then
-      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see the README, "Reproducing the paper"), or set RAY_ADDRESS"
+      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see docs/cluster.md, "Multi-node"), or set RAY_ADDRESS"
     fi
   fi
 
