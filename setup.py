@@ -7,7 +7,15 @@ Install on a CPU machine (tests, simulator, dry runs)::
 
 Install on a GPU cluster::
 
-    pip install -e ".[gpu]"            # verl[vllm]==0.9.1 (pins its own CUDA torch + vLLM)
+    pip install -e ".[gpu]"            # verl[vllm,flash-attn-cu130torch211]==0.9.1
+
+The ``gpu`` extra is what verl 0.9.1 itself declares for FSDP + vLLM: its ``vllm`` extra (torch
+2.11, vLLM 0.24, verl-core) and its ``flash-attn-cu130torch211`` extra (flash-attn 2.8.3), which
+verl's FSDP engine needs because it loads the actor and reference with ``flash_attention_2`` by
+default. It is never installed on CPU (a CPU install is ``.[test]`` only). If pip has to build
+flash-attn from source, install it afterwards against the installed torch with
+``pip install flash-attn==2.8.3 --no-build-isolation``, or run with
+``++actor_rollout_ref.model.override_config.attn_implementation=sdpa`` (docs/cluster.md).
 """
 
 from setuptools import find_packages, setup
@@ -53,6 +61,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "hypothesis"],
-        "gpu": [f"verl[vllm]=={VERL_VERSION}"],
+        # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.
+        "gpu": [f"verl[vllm,flash-attn-cu130torch211]=={VERL_VERSION}"],
     },
 )

@@ -14,8 +14,13 @@ Wire it with the Hydra overrides (the v1 trainer reads only ``reward.*``)::
     reward.custom_reward_function.path=pkg://data_prep.reward_fn   # or an absolute path to this file
     reward.custom_reward_function.name=compute_score
 
-verl loads the file by path with ``importlib`` (not as part of a package), in the reward workers,
-so this module imports nothing from this repository: only the standard library and verl.
+With the ``pkg://`` form (the launch scripts') verl imports it as the package module
+``data_prep.reward_fn`` (``importlib.import_module`` in ``verl.utils.import_utils.load_module``)
+inside the reward workers, which Ray spreads over every node: ``data_prep`` must be importable
+there. The recipe's entry point ships it (with ``recipe`` and ``verl_ext``) to all workers through
+Ray's runtime_env ``py_modules`` (recipe/gdro/cluster.py; docs/cluster.md). A file path instead
+is loaded with ``spec_from_file_location`` and must exist at that path on every node. Either way
+the module imports nothing else from this repository: only the standard library and verl.
 """
 
 from __future__ import annotations

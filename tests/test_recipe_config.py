@@ -138,6 +138,18 @@ def test_modes_are_verls_business_when_gdro_is_off(overrides):
     checks.check_supported_modes(config, checks.build_gdro_config(config))  # no error
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [(), ("gdro.observe=false",), ("gdro.prompt.enable=true",)],
+    ids=["grpo_observe_only", "grpo_plain_verl", "prompt_gdro"],
+)
+def test_use_v1_false_is_refused_in_every_mode(mode):
+    """The recipe always runs the v1 trainer: use_v1=false would be silently ignored (issue 11, item 4)."""
+    config = compose(*mode, "trainer.use_v1=false")
+    with pytest.raises(GDRORecipeError, match=r"trainer\.use_v1=false is not supported.*Set trainer\.use_v1=true"):
+        checks.check_supported_modes(config, checks.build_gdro_config(config))
+
+
 def test_prompt_only_allows_failed_group_refill():
     config = compose("gdro.prompt.enable=true", "trainer.v1.sampler.sync_refill_failed_groups=true")
     checks.check_supported_modes(config, checks.build_gdro_config(config))

@@ -134,6 +134,10 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
         (["algorithm.filter_groups.enable=true"], 2, "algorithm.filter_groups.enable=true"),
         (["actor_rollout_ref.rollout.name=???"], 2, "actor_rollout_ref.rollout: verl rejects it"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], 1, "verl config validation failed"),
+        # the recipe always runs the v1 trainer: refused with the adversaries off too (issue 11, item 4)
+        (["gdro.rollout.enable=false", "trainer.use_v1=false"], 2, "trainer.use_v1=false is not supported"),
+        (["gdro.rollout.enable=false", "gdro.observe=false", "trainer.use_v1=false"], 2,
+         "trainer.use_v1=false is not supported"),
     ],
 )
 def test_dry_run_refusals_exit_nonzero_naming_the_setting(capsys, data, extra, code, message):

@@ -47,7 +47,8 @@ LAUNCH_VARS = (
     "EXPERIMENT_NAME LOGGER SAVE_FREQ MAX_CKPT_TO_KEEP ROLLOUT_TP GPU_MEMORY_UTILIZATION USE_DYNAMIC_BSZ "
     "ACTOR_PARAM_OFFLOAD ACTOR_OPTIMIZER_OFFLOAD REF_PARAM_OFFLOAD PPO_MICRO_BSZ_PER_GPU "
     "LOGPROB_MICRO_BSZ_PER_GPU PPO_MAX_TOKEN_LEN_PER_GPU LOGPROB_MAX_TOKEN_LEN_PER_GPU DRY_RUN PYTHON "
-    "WANDB_API_KEY RAY_ADDRESS"
+    "WANDB_API_KEY RAY_ADDRESS ATTN_IMPLEMENTATION TQ_STORAGE_UNITS PAPER_EXACT PREFLIGHT HF_HUB_OFFLINE "
+    "GDRO_SHIP_CODE"
 ).split()
 
 # The paper's protocol (App. A.1) as the dry run must print it, for every script.
@@ -84,7 +85,12 @@ PAPER_VALUES = {
     "reward.custom_reward_function.name": "compute_score",
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 8,
+    # operations defaults (issue 11, items 6-7)
+    "trainer.max_actor_ckpt_to_keep": 2,
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units": 8,
 }
+# PAPER_EXACT=1: the Rollout-GDRO settings of the authors' released scripts (gdro.rollout.*)
+PAPER_EXACT_ROLLOUT = {"allocator": "bandit", "bandit_eta": 0.65, "bandit_beta": 0.4, "n_min": 2, "n_max": 12}
 
 
 def script_path(size: str, method: str) -> Path:
@@ -154,6 +160,8 @@ def _needed_jobs(session) -> set:
             needed.add((params["size"], params["method"]))
         elif name == "test_environment_and_argument_overrides_win":
             needed.add("custom")
+        elif name == "test_paper_exact_reproduces_the_released_rollout_settings":
+            needed.update({"paper_exact", ("8b", "rollout_gdro")})
         elif name == "test_mistyped_override_fails_naming_the_key":
             needed.add(("typo", params["case"]))
     return needed
@@ -185,6 +193,7 @@ def dry_runs(request, tmp_path_factory):
     )
     jobs = {(size, method): (script_path(size, method), (), base) for size, method in GRID}
     jobs["custom"] = (script_path("1.7b", "rollout_gdro"), CUSTOM_ARGS, custom_env)
+    jobs["paper_exact"] = (script_path("8b", "rollout_gdro"), (), {**base, "PAPER_EXACT": "1"})
     for name, (arg, _) in TYPO_CASES.items():
         jobs[("typo", name)] = (script_path("1.7b", "rollout_gdro"), (arg,), base)
     needed = _needed_jobs(request.session)
@@ -268,6 +277,22 @@ def test_environment_and_argument_overrides_win(dry_runs):
     # function the script wires (data_prep.reward_fn must report `acc`)
     assert "extra_info.index unique" in proc.stdout
     assert "acc probe: math_dapo: ['acc'" in proc.stdout
+
+
+def test_paper_exact_reproduces_the_released_rollout_settings(dry_runs):
+    exact = _result(dry_runs, "paper_exact")
+    assert exact.returncode == 0, f"exit {exact.returncode}\n{exact.stdout[-3000:]}\n{exact.stderr[-3000:]}"
+    assert "| PAPER_EXACT" in exact.stderr
+    keys, gdro = parse_dry_run(exact.stdout)
+    assert {k: gdro["rollout"][k] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
+    assert keys["data.max_prompt_length"] == 3200 and keys["data.max_response_length"] == 4096
+    assert "Rollout-GDRO ON   allocator=bandit, n(x) in [2, 12]" in exact.stdout
+    # everything else is the same run as without PAPER_EXACT
+    default = _result(dry_runs, ("8b", "rollout_gdro"))
+    default_keys, default_gdro = parse_dry_run(default.stdout)
+    assert default_gdro["rollout"]["allocator"] == "sqrt" and default_gdro["rollout"]["bandit_eta"] == 5.0
+    assert keys == default_keys
+    assert {**gdro, "rollout": None} == {**default_gdro, "rollout": None}
 
 
 @pytest.mark.parametrize("case", sorted(TYPO_CASES))
@@ -397,7 +422,11 @@ def test_defaults_without_environment(tmp_path, stub_python):
     argv = read()
     assert f"data.train_files='{home}/data/dapo/train.parquet'" in argv
     assert "actor_rollout_ref.model.path='Qwen/Qwen3-8B-Base'" in argv
-    assert f"trainer.default_local_dir='{REPO}/checkpoints/gdro/qwen3_8b_joint_gdro'" in argv
+    # checkpoints outside the repository, a bounded number of them (issue 11, item 7)
+    assert f"trainer.default_local_dir='{home}/gdro_ckpt/gdro/qwen3_8b_joint_gdro'" in argv
+    assert "trainer.max_actor_ckpt_to_keep=2" in argv
+    assert "transfer_queue.backend.SimpleStorage.num_data_storage_units=8" in argv
+    assert not any("attn_implementation" in a for a in argv)  # verl's default unless asked
     assert "trainer.logger=[console]" in argv  # no wandb credentials in this HOME
     assert "no wandb credentials" in proc.stderr
 
@@ -424,3 +453,62 @@ def test_launcher_checks_defer_to_arguments(tmp_path, stub_python):
     proc = run_script(script_path("4b", "grpo"), args, env={**env, "NNODES": "3", "DRY_RUN": "1"}, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert read()[-3:] == [*args, "gdro.dry_run=true"]
+
+
+def test_operations_environment(tmp_path, stub_python):
+    """MAX_CKPT_TO_KEEP, TQ_STORAGE_UNITS and ATTN_IMPLEMENTATION reach the command line; bad values stop."""
+    stub, read = stub_python
+    env = clean_env(PYTHON=str(stub), DRY_RUN="1", LOGGER="console")
+    script = script_path("4b", "grpo")
+    proc = run_script(script, env={**env, "MAX_CKPT_TO_KEEP": "0", "TQ_STORAGE_UNITS": "1",
+                                   "ATTN_IMPLEMENTATION": "sdpa"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    argv = read()
+    assert "trainer.max_actor_ckpt_to_keep=null" in argv  # 0 = keep all
+    assert "transfer_queue.backend.SimpleStorage.num_data_storage_units=1" in argv
+    assert "++actor_rollout_ref.model.override_config.attn_implementation=sdpa" in argv
+    for var, value, needle in [
+        ("MAX_CKPT_TO_KEEP", "-1", "MAX_CKPT_TO_KEEP must be a non-negative integer"),
+        ("TQ_STORAGE_UNITS", "0", "TQ_STORAGE_UNITS must be a positive integer"),
+        ("ATTN_IMPLEMENTATION", "sdpa x", "ATTN_IMPLEMENTATION has unexpected characters"),
+    ]:
+        proc = run_script(script, env={**env, var: value}, cwd=tmp_path)
+        assert proc.returncode == 2 and needle in proc.stderr, (var, proc.stderr)
+        assert read() is None
+
+
+def test_preflight_runs_the_launch_overrides_through_the_preflight_module(tmp_path, stub_python):
+    stub, read = stub_python
+    data = _data_dir_with_files(tmp_path)
+    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console")
+    script = script_path("8b", "rollout_gdro")
+    assert run_script(script, env=env, cwd=tmp_path).returncode == 0
+    real = read()
+    proc = run_script(script, env={**env, "PREFLIGHT": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "| PREFLIGHT" in proc.stderr
+    pre = read()
+    assert pre == ["-m", "recipe.gdro.preflight", *real[2:]]
+    proc = run_script(script, env={**env, "PREFLIGHT": "1", "DRY_RUN": "1"}, cwd=tmp_path)
+    assert proc.returncode == 2 and "exclusive" in proc.stderr
+    assert read() is None
+
+
+def test_local_model_path_must_be_a_model(tmp_path, stub_python):
+    stub, read = stub_python
+    data = _data_dir_with_files(tmp_path)
+    model = tmp_path / "models" / "qwen3-4b"
+    model.mkdir(parents=True)
+    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console", MODEL_PATH=str(model))
+    proc = run_script(script_path("4b", "grpo"), env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and f"no config.json in {model}" in proc.stderr
+    assert read() is None
+    (model / "config.json").write_text("{}")
+    proc = run_script(script_path("4b", "grpo"), env={**env, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"actor_rollout_ref.model.path='{model}'" in read()
+    # an HF id with HF_HUB_OFFLINE: a reminder that it must be cached on every node
+    proc = run_script(script_path("4b", "grpo"), env={**env, "MODEL_PATH": "Qwen/Qwen3-4B-Base", "HF_HUB_OFFLINE": "1"},
+                      cwd=tmp_path)
+    assert proc.returncode == 0 and "must already be in the hub cache of every node" in proc.stderr
+    assert read() is not None

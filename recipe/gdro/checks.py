@@ -81,10 +81,25 @@ def gdro_runs(config: DictConfig, gdro: GDROConfig) -> bool:
     return gdro.enabled or observes_only(config, gdro)
 
 
+def check_use_v1(config: DictConfig) -> None:
+    """Refuse ``trainer.use_v1=false`` in every mode (GDRO on, observe-only and the GRPO baseline).
+
+    The recipe's TaskRunner builds verl's v1 trainer whatever ``trainer.use_v1`` says, so ``false``
+    would be silently ignored: the run would not be the legacy RayPPOTrainer run it asks for.
+    """
+    if not config.trainer.get("use_v1", True):
+        raise GDRORecipeError(
+            "trainer.use_v1=false is not supported: the GDRO recipe always runs verl's v1 trainer (its "
+            "TaskRunner is modelled on TaskRunnerV1), with or without an adversary, so the legacy "
+            "RayPPOTrainer would be silently replaced. Set trainer.use_v1=true (verl 0.9.1's default), or "
+            "run the legacy trainer with verl's own python -m verl.trainer.main_ppo"
+        )
+
+
 def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     """Refuse verl modes that would combine with GDRO into wrong statistics.
 
-    * ``trainer.use_v1=false`` (legacy RayPPOTrainer): the recipe drives the v1 trainer only.
+    * ``trainer.use_v1=false`` (legacy RayPPOTrainer), in every mode: see :func:`check_use_v1`.
     * ``trainer.v1.trainer_mode`` other than ``sync``: the async trainers train on groups generated
       under older weights and schedules, and refill evicted prompts one at a time, so a step's
       rollout counts neither come from one schedule nor sum to B·n̄.
@@ -95,13 +110,9 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     * ``algorithm.adv_estimator`` other than ``grpo``: Prompt-GDRO reweights GRPO advantages and
       Rollout-GDRO relies on GRPO's per-uid groups of any size.
     """
+    check_use_v1(config)
     if not gdro.enabled:
         return
-    if not config.trainer.get("use_v1", True):
-        raise GDRORecipeError(
-            "trainer.use_v1=false is not supported with GDRO: the recipe extends verl's v1 trainer "
-            "(the legacy RayPPOTrainer is deprecated in verl 0.9.1). Set trainer.use_v1=true"
-        )
     mode = config.trainer.v1.trainer_mode
     if mode != SUPPORTED_TRAINER_MODE:
         raise GDRORecipeError(
@@ -500,6 +511,7 @@ __all__ = [
     "check_budget",
     "check_supported_modes",
     "check_train_prompt_ids",
+    "check_use_v1",
     "gdro_runs",
     "observes_only",
     "prepare",

@@ -41,6 +41,7 @@ RESOLVED_KEYS = (
     "trainer.n_gpus_per_node",
     "trainer.device",
     "trainer.use_v1",
+    "trainer.max_actor_ckpt_to_keep",
     "trainer.v1.trainer_mode",
     "trainer.total_epochs",
     "trainer.total_training_steps",
@@ -99,6 +100,9 @@ RESOLVED_KEYS = (
     "reward.reward_manager.name",
     "reward.custom_reward_function.path",
     "reward.custom_reward_function.name",
+    "actor_rollout_ref.model.override_config.attn_implementation",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units",
+    "ray_kwargs.ray_init.runtime_env.py_modules",
     "gdro.prompt.enable",
     "gdro.rollout.enable",
 )
@@ -220,9 +224,11 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
     return "\n".join(out)
 
 
-def print_dry_run(config: DictConfig, prepared: Prepared, stream=None) -> None:
+def print_dry_run(config: DictConfig, prepared: Prepared, stream=None, cluster_lines: Sequence[str] = ()) -> None:
     stream = stream or sys.stdout
     print(format_plan(config, prepared), file=stream)
+    for line in cluster_lines:
+        print(line, file=stream)
     print("-" * 78, file=stream)
     print("resolved config (relevant keys):", file=stream)
     print(resolved_keys_yaml(config), file=stream)
@@ -248,11 +254,20 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     except Exception as e:  # noqa: BLE001 - verl's validation raises assertions, ValueErrors, Hydra errors...
         print(f"{what}: verl config validation failed: {type(e).__name__}: {e}", file=stderr)
         return 1
+    # Cluster readiness (recipe.gdro.cluster): attention kernel importable, code shipped to Ray workers.
+    from recipe.gdro.cluster import cluster_checks
+
+    try:
+        cluster_lines = cluster_checks(config, dry_run=dry).lines()
+    except GDRORecipeError as e:
+        print(f"{what}: error: {e}", file=stderr)
+        return 2
     if dry:
-        print_dry_run(config, prepared, stream=stdout)
+        print_dry_run(config, prepared, stream=stdout, cluster_lines=cluster_lines)
         return 0
 
-    print(format_plan(config, prepared), file=stdout, flush=True)
+    print(format_plan(config, prepared), file=stdout)
+    print("\n".join(cluster_lines), file=stdout, flush=True)
 
     from verl.trainer.main_ppo import run_ppo
 

@@ -63,6 +63,12 @@ class GDROTaskRunner:
         OmegaConf.resolve(config)
         self.config = config
 
+        # TransferQueue places one 1-CPU actor per storage unit: refuse a layout this Ray cluster cannot
+        # place, rather than letting tq.init wait forever (recipe.gdro.cluster.check_transfer_queue_cpus).
+        from recipe.gdro.cluster import check_transfer_queue_cpus
+
+        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+        check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0)
         tq.init(config.transfer_queue)
         succeeded = False
         try:

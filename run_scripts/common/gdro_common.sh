@@ -11,12 +11,18 @@
 # Hydra applies overrides left to right, so anything passed to a script as an argument wins.
 #
 # Environment variables (all optional):
-#   MODEL_PATH        HF id or local dir           default Qwen/Qwen3-<size>-Base
+#   MODEL_PATH        HF id or local dir           default Qwen/Qwen3-<size>-Base. A local dir must hold
+#                                                  config.json (checked) and exist at the same path on
+#                                                  every node. With HF_HUB_OFFLINE=1 an HF id must already
+#                                                  be in the hub cache of every node; the recipe forwards
+#                                                  HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE / HF_DATASETS_OFFLINE
+#                                                  to every Ray worker (runtime_env env_vars).
 #   DATA_DIR          data_prep output folder      default $HOME/data/dapo
 #   TRAIN_FILE        training parquet             default $DATA_DIR/train.parquet
 #   VAL_DIR           evaluation parquets          default $DATA_DIR/eval
 #   EVAL_SETS         space/comma list of sets     default the paper's seven (see GDRO_EVAL_SETS)
-#   CKPT_DIR          checkpoint root              default <repo>/checkpoints
+#   CKPT_DIR          checkpoint root              default $HOME/gdro_ckpt (outside the repository: an 8B
+#                                                  checkpoint with optimizer states is ~100 GB)
 #                     checkpoints + gdro_metrics.jsonl go to $CKPT_DIR/$PROJECT_NAME/$EXPERIMENT_NAME
 #   NNODES            nodes in the Ray cluster     default 1
 #   N_GPUS_PER_NODE   GPUs per node                default 8
@@ -25,13 +31,26 @@
 #   LOGGER            e.g. console,wandb           default console,wandb if wandb credentials are
 #                                                  found (WANDB_API_KEY or ~/.netrc), else console
 #   SAVE_FREQ         checkpoint every N steps     default 100
-#   MAX_CKPT_TO_KEEP  keep the newest N ckpts      default unset = keep all
+#   MAX_CKPT_TO_KEEP  keep the newest N ckpts      default 2 (verl's trainer.max_actor_ckpt_to_keep);
+#                                                  0 = keep all
+#   ATTN_IMPLEMENTATION  actor/ref attention       default unset = verl's flash_attention_2 (needs the
+#                                                  flash-attn package, `pip install -e .[gpu]`); sdpa needs
+#                                                  only torch (sets ++actor_rollout_ref.model.override_config
+#                                                  .attn_implementation)
+#   TQ_STORAGE_UNITS  TransferQueue storage units  default 8 (verl's default): Ray then needs >= 10 CPUs
+#                                                  (units + controller + TaskRunner; checked at start-up)
+#   PAPER_EXACT=1     Rollout-GDRO with the authors' released settings (bandit allocator, eta 0.65,
+#                     EMA beta 0.4, n in [2, 3 x n̄]) instead of the recipe's defaults (sqrt allocator)
 #   ROLLOUT_TP, GPU_MEMORY_UTILIZATION, USE_DYNAMIC_BSZ (1/0), ACTOR_PARAM_OFFLOAD,
 #   ACTOR_OPTIMIZER_OFFLOAD, REF_PARAM_OFFLOAD (True/False), PPO_MICRO_BSZ_PER_GPU,
 #   LOGPROB_MICRO_BSZ_PER_GPU, PPO_MAX_TOKEN_LEN_PER_GPU, LOGPROB_MAX_TOKEN_LEN_PER_GPU
 #                     the per-size hardware layout (see gdro_size_profile)
 #   DRY_RUN=1         append gdro.dry_run=true: compose + validate the exact config of the real
 #                     launch and print it, on a CPU-only machine (no Ray, GPU, data or model)
+#   PREFLIGHT=1       run python -m recipe.gdro.preflight with the exact same overrides instead of
+#                     training: the start-up checks, the attention kernel, the code on every Ray node,
+#                     and vLLM on the model for one prompt with two per-prompt rollout counts (about a
+#                     minute on a GPU node; refuses cleanly without a GPU or vLLM)
 #   PYTHON            interpreter                  default python3
 
 GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -165,8 +184,10 @@ gdro_size_profile() {
     # 4B: vLLM TP 1 (weights ~8 GB/replica); 0.65 for vLLM.
     4b)   model=Qwen/Qwen3-4B-Base; tp=1; gmu=0.65; ppo_mbs=4; lp_mbs=8; train_x=2; infer_x=4
           a_param=False; a_opt=False; r_param=False ;;
-    # 8B: vLLM TP 2 (4 replicas/node, weights ~8 GB/GPU) leaves room for the KV cache of 1024
-    #     concurrent 7k-token sequences; 0.6 for vLLM; reference offloaded.
+    # 8B: vLLM TP 2 (4 replicas/node, weights ~8 GB/GPU); 0.6 for vLLM; reference offloaded. KV
+    #     cache: ~0.5M tokens per replica (docs/cluster.md has the arithmetic), against up to
+    #     256 x 7296 = 1.9M tokens per replica if every response ran to 4096 tokens: vLLM queues the
+    #     rest (continuous batching), it does not fail.
     8b)   model=Qwen/Qwen3-8B-Base; tp=2; gmu=0.6; ppo_mbs=2; lp_mbs=4; train_x=2; infer_x=3
           a_param=False; a_opt=False; r_param=True ;;
     *) gdro_die "unknown model size '$size' (expected 1.7b, 4b or 8b)" ;;
@@ -211,8 +232,9 @@ gdro_size_profile() {
 gdro_method_overrides() {
   case "$1" in
     # GRPO baseline: both adversaries off. The recipe then runs verl's GRPO unchanged (same
-    # entry point, data, reward, validation and verl metrics as the GDRO runs; no gdro/* metrics,
-    # since the recipe skips the binner when no adversary is on).
+    # entry point, data, reward, validation and verl metrics as the GDRO runs). With gdro.observe
+    # (true by default) the binner still runs and logs the gdro/* metrics, so the baseline can be
+    # compared with the GDRO runs bin by bin; advantages and rollout counts stay verl's.
     grpo)
       GDRO_OVERRIDES+=(gdro.prompt.enable=false gdro.rollout.enable=false gdro.binner.hysteresis=0.0) ;;
     # Prompt-GDRO: EMA-debiased EXP3P reweighting of GRPO advantages per difficulty bin.
@@ -222,7 +244,8 @@ gdro_method_overrides() {
     # Rollout-GDRO: per-prompt rollout counts in [2, 12] with a mean of exactly n̄ = rollout.n = 4
     # (gdro.rollout.n_mean follows actor_rollout_ref.rollout.n in the recipe config). Hysteresis 0
     # as in the authors' Rollout-GDRO scripts. Allocator: the recipe default (sqrt, the
-    # shadow-price square-root law); pass gdro.rollout.allocator=bandit for the paper's EXP3P arms.
+    # shadow-price square-root law); PAPER_EXACT=1 switches to the paper's EXP3P arms with the
+    # released settings (gdro_paper_exact_overrides).
     rollout_gdro)
       GDRO_OVERRIDES+=(gdro.prompt.enable=false gdro.rollout.enable=true gdro.binner.hysteresis=0.0) ;;
     # Joint mode (beyond the paper): both adversaries on one shared binner. Hysteresis 0.03 (the
@@ -231,6 +254,34 @@ gdro_method_overrides() {
     joint_gdro)
       GDRO_OVERRIDES+=(gdro.prompt.enable=true gdro.rollout.enable=true gdro.binner.hysteresis=0.03) ;;
     *) gdro_die "unknown method '$1' (expected grpo, prompt_gdro, rollout_gdro or joint_gdro)" ;;
+  esac
+}
+
+# ------------------------------------------------------------------------------------------------
+# PAPER_EXACT=1: the Rollout-GDRO settings of the authors' released scripts (kishanpb/verl-gdro,
+# algorithm_comparison/), next to the recipe's defaults:
+#   released                        here (gdro.rollout.*)         recipe default
+#   bandit allocator (EXP3P arms)   allocator=bandit              sqrt (shadow-price square-root law)
+#   rollout_budget_eta=0.65         bandit_eta=0.65               5.0 (on scores rescaled to [0, 1]
+#                                                                 per bin, 0.65 leaves the arm
+#                                                                 distribution nearly flat)
+#   ema_beta=0.4                    bandit_beta=0.4               0.12
+#   n up to 3 x n̄ = 12, n >= 2      n_min=2, n_max=3 x n̄          same (2, 12)
+#   3200 prompt / 4096 response     data.max_*_length             same (the protocol above)
+# The released code's defects stay fixed (EMA not cumulative scores, the arm update's sign, a dual
+# price that moves, allocation by prompt id): PAPER_EXACT reproduces the settings, not the bugs.
+# ------------------------------------------------------------------------------------------------
+gdro_paper_exact_overrides() {
+  case "$1" in
+    rollout_gdro | joint_gdro)
+      GDRO_OVERRIDES+=(
+        gdro.rollout.allocator=bandit
+        gdro.rollout.bandit_eta=0.65
+        gdro.rollout.bandit_beta=0.4
+        gdro.rollout.n_min=2
+        "gdro.rollout.n_max=$((3 * GDRO_ROLLOUT_N))"
+      ) ;;
+    *) gdro_log "PAPER_EXACT=1 changes only Rollout-GDRO settings; method '$1' runs as without it" ;;
   esac
 }
 
@@ -280,6 +331,9 @@ gdro_launch() {
   gdro_protocol_overrides
   gdro_size_profile "$size"
   gdro_method_overrides "$method"
+  local paper_exact=0
+  gdro_is_true "${PAPER_EXACT:-0}" && paper_exact=1
+  ((paper_exact)) && gdro_paper_exact_overrides "$method"
 
   # --- user environment ---
   local model_path="${MODEL_PATH:-$GDRO_DEFAULT_MODEL}"
@@ -288,7 +342,7 @@ gdro_launch() {
   local train_file val_dir ckpt_dir
   train_file="$(gdro_abspath "${TRAIN_FILE:-$data_dir/train.parquet}")"
   val_dir="$(gdro_abspath "${VAL_DIR:-$data_dir/eval}")"
-  ckpt_dir="$(gdro_abspath "${CKPT_DIR:-$GDRO_ROOT/checkpoints}")"
+  ckpt_dir="$(gdro_abspath "${CKPT_DIR:-$HOME/gdro_ckpt}")"
   local nnodes="${NNODES:-1}" gpus="${N_GPUS_PER_NODE:-8}"
   local project="${PROJECT_NAME:-gdro}"
   local experiment="${EXPERIMENT_NAME:-qwen3_${size}_${method}}"
@@ -349,16 +403,39 @@ gdro_launch() {
     "trainer.default_local_dir=$(gdro_hq "$ckpt_dir/$project/$experiment")"
     "trainer.save_freq=$save_freq"
   )
-  if [[ -n "${MAX_CKPT_TO_KEEP:-}" ]]; then
-    gdro_is_uint "$MAX_CKPT_TO_KEEP" || gdro_die "MAX_CKPT_TO_KEEP must be a positive integer, got '$MAX_CKPT_TO_KEEP'"
-    GDRO_OVERRIDES+=("trainer.max_actor_ckpt_to_keep=$MAX_CKPT_TO_KEEP")
+  # Bounded checkpoints: verl deletes the oldest beyond trainer.max_actor_ckpt_to_keep (null = all).
+  local keep="${MAX_CKPT_TO_KEEP:-2}"
+  [[ "$keep" =~ ^[0-9]+$ ]] || gdro_die "MAX_CKPT_TO_KEEP must be a non-negative integer (0 = keep all), got '$keep'"
+  if ((keep == 0)); then
+    GDRO_OVERRIDES+=("trainer.max_actor_ckpt_to_keep=null")
+  else
+    GDRO_OVERRIDES+=("trainer.max_actor_ckpt_to_keep=$keep")
+  fi
+  # TransferQueue storage units (one 1-CPU Ray actor each; the recipe checks the cluster has them).
+  local tq_units="${TQ_STORAGE_UNITS:-8}"
+  gdro_is_uint "$tq_units" || gdro_die "TQ_STORAGE_UNITS must be a positive integer, got '$tq_units'"
+  GDRO_OVERRIDES+=("transfer_queue.backend.SimpleStorage.num_data_storage_units=$tq_units")
+  # Attention implementation of the FSDP actor / reference (verl's default: flash_attention_2).
+  if [[ -n "${ATTN_IMPLEMENTATION:-}" ]]; then
+    [[ "$ATTN_IMPLEMENTATION" =~ ^[A-Za-z0-9_./-]+$ ]] || gdro_die "ATTN_IMPLEMENTATION has unexpected characters: '$ATTN_IMPLEMENTATION'"
+    GDRO_OVERRIDES+=("++actor_rollout_ref.model.override_config.attn_implementation=$ATTN_IMPLEMENTATION")
   fi
 
   # The user's own Hydra overrides come last, so they win.
   GDRO_OVERRIDES+=("$@")
 
-  local dry=0
+  local dry=0 preflight=0
   gdro_is_true "${DRY_RUN:-0}" && dry=1
+  gdro_is_true "${PREFLIGHT:-0}" && preflight=1
+  ((dry && preflight)) && gdro_die "DRY_RUN=1 and PREFLIGHT=1 are exclusive: the dry run checks the config on any machine, the preflight checks a GPU node"
+  # A local model directory must be a model (an HF id has no leading / . ~).
+  if [[ "$model_path" == /* || "$model_path" == .* || "$model_path" == "~"* ]] && ! ((dry)); then
+    local model_dir
+    model_dir="$(gdro_abspath "$model_path")"
+    [[ -f "$model_dir/config.json" ]] || gdro_die "MODEL_PATH=$model_path: no config.json in $model_dir (a local model directory must exist at the same path on every node)"
+  elif gdro_is_true "${HF_HUB_OFFLINE:-0}"; then
+    gdro_log "HF_HUB_OFFLINE=1: $model_path must already be in the hub cache of every node (forwarded to all Ray workers)"
+  fi
   if ((dry)); then
     GDRO_OVERRIDES+=(gdro.dry_run=true)
   else
@@ -381,20 +458,24 @@ gdro_launch() {
   or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=1 checks the config without data)."
     fi
     if ((nnodes > 1)) && command -v ray >/dev/null 2>&1 && ! ray status >/dev/null 2>&1; then
-      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see the README, "Reproducing the paper"), or set RAY_ADDRESS"
+      gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see docs/cluster.md, "Multi-node"), or set RAY_ADDRESS"
     fi
   fi
 
   local python="${PYTHON:-python3}"
-  # Make the repository importable even if it is not pip-installed on this node (Ray workers on
-  # other nodes still need `pip install -e .` there; see the README, "Reproducing the paper").
+  # Make the repository importable on this node even if it is not pip-installed; Ray workers on
+  # every node get it through the job's runtime_env (py_modules, see recipe/gdro/cluster.py).
   export PYTHONPATH="$GDRO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-  gdro_log "qwen3 $size / $method | model $model_path | $nnodes node(s) x $gpus GPU(s) | run $project/$experiment$( ((dry)) && echo ' | DRY RUN')"
+  local entry=recipe.gdro.main_gdro mode_note=""
+  ((dry)) && mode_note=" | DRY RUN"
+  ((preflight)) && entry=recipe.gdro.preflight && mode_note=" | PREFLIGHT"
+  ((paper_exact)) && mode_note+=" | PAPER_EXACT"
+  gdro_log "qwen3 $size / $method | model $model_path | $nnodes node(s) x $gpus GPU(s) | run $project/$experiment$mode_note"
   gdro_log "checkpoints + gdro_metrics.jsonl: $ckpt_dir/$project/$experiment"
   {
-    printf '[gdro-launch] command:\n  %q -m recipe.gdro.main_gdro' "$python"
+    printf '[gdro-launch] command:\n  %q -m %s' "$python" "$entry"
     printf ' \\\n    %q' "${GDRO_OVERRIDES[@]}"
     printf '\n'
   } >&2
-  exec "$python" -m recipe.gdro.main_gdro "${GDRO_OVERRIDES[@]}"
+  exec "$python" -m "$entry" "${GDRO_OVERRIDES[@]}"
 }

@@ -1,0 +1,303 @@
+"""Cluster readiness of the GDRO recipe: what a first real GPU run needs beyond a valid config.
+
+Everything here runs on the driver before (or instead of) training, and most of it on a CPU:
+
+* :func:`check_attention` -- the attention implementation verl's FSDP engine loads the actor and
+  reference with (``actor_rollout_ref.model.override_config.attn_implementation``, default
+  ``flash_attention_2`` in verl 0.9.1's ``HFModelConfig``) must be importable, else actor
+  ``init_model`` fails with an ImportError minutes into the run;
+* :func:`ship_code_to_workers` -- adds the directories of ``recipe``, ``verl_ext`` and
+  ``data_prep`` to ``ray_kwargs.ray_init.runtime_env.py_modules``, which verl's ``run_ppo`` merges
+  on top of its own runtime_env (``get_ppo_ray_runtime_env``) before ``ray.init``: Ray then ships
+  the code to every worker on every node, so nodes without the checkout import it too;
+* :func:`check_transfer_queue_cpus` -- TransferQueue's SimpleStorage starts one 1-CPU Ray actor
+  per storage unit plus a 1-CPU controller, next to verl's 1-CPU TaskRunner; with fewer Ray CPUs
+  ``tq.init`` waits forever without an error, so this refuses it with the numbers;
+* :func:`check_group_sizes` -- the preflight's comparison of scheduled per-prompt rollout counts
+  with what the engine returned (``python -m recipe.gdro.preflight``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from recipe.gdro.checks import GDRORecipeError
+
+# --------------------------------------------------------------------------------------- attention
+ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
+# verl 0.9.1 workers/config/model.py: override_config.get("attn_implementation", "flash_attention_2")
+VERL_DEFAULT_ATTN = "flash_attention_2"
+# attn_implementation -> the module transformers imports for it. sdpa / eager need only torch.
+ATTN_MODULES = {
+    "flash_attention_2": "flash_attn",
+    "flash_attention_3": "flash_attn_interface",
+    "sdpa": "torch",
+    "eager": "torch",
+}
+SDPA_OVERRIDE = f"++{ATTN_KEY}=sdpa"
+
+
+@dataclass
+class AttentionCheck:
+    implementation: str
+    module: Optional[str]  # None: an implementation this check does not know (left to transformers)
+    importable: Optional[bool]
+    error: str = ""
+
+    def describe(self) -> str:
+        if self.module is None:
+            return f"{self.implementation} (not checked: unknown to the recipe; transformers checks it)"
+        if self.importable:
+            return f"{self.implementation} ({self.module} importable)"
+        return f"{self.implementation} ({self.module} NOT importable here: {self.error})"
+
+
+def configured_attn_implementation(config: DictConfig) -> str:
+    """The attention implementation verl's FSDP engine will request (``ATTN_KEY`` or verl's default)."""
+    value = OmegaConf.select(config, ATTN_KEY, default=None)
+    return str(value) if value is not None else VERL_DEFAULT_ATTN
+
+
+def check_attention(config: DictConfig, *, strict: bool) -> AttentionCheck:
+    """Import the module behind the configured attention implementation.
+
+    ``strict`` raises :class:`GDRORecipeError` naming ``ATTN_KEY`` and the ``sdpa`` fallback when it
+    fails; otherwise the failure is returned for the plan to print.
+    """
+    impl = configured_attn_implementation(config)
+    module = ATTN_MODULES.get(impl)
+    if module is None:
+        return AttentionCheck(impl, None, None)
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - ImportError, or a CUDA library error raised at import
+        check = AttentionCheck(impl, module, False, f"{type(e).__name__}: {e}")
+    else:
+        return AttentionCheck(impl, module, True)
+    if strict:
+        default = " (verl's default)" if OmegaConf.select(config, ATTN_KEY, default=None) is None else ""
+        raise GDRORecipeError(
+            f"{ATTN_KEY}={impl}{default}: the actor and reference models are loaded with this attention "
+            f"implementation, and its package `{module}` cannot be imported here ({check.error}). "
+            "Install it (pip install -e '.[gpu]' installs flash-attn 2.8.3 through verl's "
+            "flash-attn-cu130torch211 extra), or fall back to PyTorch SDPA with the override "
+            f"{SDPA_OVERRIDE} (launch scripts: ATTN_IMPLEMENTATION=sdpa)"
+        )
+    return check
+
+
+def attention_must_import(dry_run: bool) -> bool:
+    """A real launch always requires the attention package; a dry run only on a machine with CUDA
+    (a dry run on a CPU laptop checks a GPU config, where flash-attn is never installed)."""
+    if not dry_run:
+        return True
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+# --------------------------------------------------------------------------------------- multi-node
+SHIPPED_PACKAGES = ("recipe", "verl_ext", "data_prep")
+SHIP_ENV = "GDRO_SHIP_CODE"
+PY_MODULES_KEY = "ray_kwargs.ray_init.runtime_env.py_modules"
+
+
+def package_dir(name: str) -> str:
+    """The directory of a regular package (``recipe`` must not resolve to TransferQueue's namespace)."""
+    module = importlib.import_module(name)
+    path = getattr(module, "__file__", None)
+    if not path:
+        raise GDRORecipeError(
+            f"package {name!r} resolves to a namespace package {list(getattr(module, '__path__', []))}, not "
+            "this repository's; run from the repository root or pip install -e ."
+        )
+    return os.path.dirname(os.path.abspath(path))
+
+
+def ship_code_to_workers(config: DictConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+    """Add this repository's packages to ``ray_kwargs.ray_init.runtime_env.py_modules``.
+
+    verl 0.9.1's ``run_ppo`` passes ``OmegaConf.merge(get_ppo_ray_runtime_env(config),
+    ray_kwargs.ray_init.runtime_env)`` to ``ray.init``, so the job's every task and actor (TaskRunner,
+    FSDP workers, reward workers, agent loops) gets the packages on its ``sys.path``, on any node.
+    Entries the user already listed are kept (first). ``GDRO_SHIP_CODE=0`` disables it (e.g. when
+    the package is installed at the same path on every node). Returns the directories added.
+    """
+    if str(environ.get(SHIP_ENV, "1")).lower() in ("0", "false", "no"):
+        return []
+    dirs = [package_dir(name) for name in SHIPPED_PACKAGES]
+    existing = OmegaConf.select(config, PY_MODULES_KEY, default=None)
+    current = [str(p) for p in (OmegaConf.to_container(existing) if existing is not None else [])]
+    added = [d for d in dirs if d not in current]
+    with open_dict(config):
+        if OmegaConf.select(config, "ray_kwargs.ray_init.runtime_env", default=None) is None:
+            OmegaConf.update(config, "ray_kwargs.ray_init.runtime_env", {}, force_add=True)
+        OmegaConf.update(config, PY_MODULES_KEY, current + added, force_add=True)
+    return added
+
+
+# Offline clusters: Ray workers on other nodes inherit the environment of *their* `ray start`, not
+# the driver's, so the hub switches are forwarded explicitly through the job's runtime_env.
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
+
+
+def forward_offline_env(config: DictConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Copy the set ``FORWARDED_ENV`` variables into ``ray_kwargs.ray_init.runtime_env.env_vars``
+    (values the user set there win). Returns what was forwarded."""
+    forwarded = {k: str(environ[k]) for k in FORWARDED_ENV if environ.get(k) not in (None, "")}
+    if not forwarded:
+        return {}
+    existing = OmegaConf.select(config, ENV_VARS_KEY, default=None)
+    current = dict(OmegaConf.to_container(existing)) if existing is not None else {}
+    forwarded = {k: v for k, v in forwarded.items() if k not in current}
+    with open_dict(config):
+        OmegaConf.update(config, ENV_VARS_KEY, {**current, **forwarded}, force_add=True)
+    return forwarded
+
+
+# --------------------------------------------------------------------------------------- TransferQueue
+TQ_UNITS_KEY = "transfer_queue.backend.SimpleStorage.num_data_storage_units"
+TQ_CONTROLLER_CPUS = 1  # TransferQueue's controller actor
+RUNNER_CPUS = 1  # verl's TaskRunner actor (run_ppo starts it with Ray's default of 1 CPU)
+
+
+def tq_storage_units(config: DictConfig) -> Optional[int]:
+    if OmegaConf.select(config, "transfer_queue.backend.storage_backend", default="SimpleStorage") != "SimpleStorage":
+        return None
+    units = OmegaConf.select(config, TQ_UNITS_KEY, default=None)
+    return int(units) if units is not None else None
+
+
+def tq_cpus_needed(units: int, runner_cpus: float = RUNNER_CPUS) -> float:
+    """Ray CPUs a run needs before any worker exists: storage units + controller + the TaskRunner."""
+    return units + TQ_CONTROLLER_CPUS + runner_cpus
+
+
+def check_transfer_queue_cpus(config: DictConfig, cluster_cpus: float, runner_cpus: float = RUNNER_CPUS) -> None:
+    """Refuse a TransferQueue layout the Ray cluster cannot place (``tq.init`` would hang silently).
+
+    ``runner_cpus``: the CPUs the caller itself holds (1 inside verl's TaskRunner actor, 0 on a driver).
+    """
+    units = tq_storage_units(config)
+    if units is None:
+        return
+    if units < 1:
+        raise GDRORecipeError(f"{TQ_UNITS_KEY}={units} must be >= 1")
+    need = tq_cpus_needed(units, runner_cpus)
+    if cluster_cpus < need:
+        raise GDRORecipeError(
+            f"{TQ_UNITS_KEY}={units}: TransferQueue starts one 1-CPU Ray actor per storage unit plus a 1-CPU "
+            f"controller, next to verl's 1-CPU TaskRunner, so it needs >= {need:g} Ray CPUs; this Ray cluster has "
+            f"{cluster_cpus:g}, and tq.init would wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
+            f"TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+        )
+
+
+# --------------------------------------------------------------------------------------- group sizes
+@dataclass
+class GroupSizeReport:
+    scheduled: dict[Any, int]
+    realised: dict[Any, int]
+    mismatched: dict[Any, tuple[int, int]]  # prompt -> (scheduled, realised)
+    unexpected: list[Any]  # prompts in the output that were never scheduled
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatched and not self.unexpected
+
+    def describe(self) -> str:
+        lines = [f"prompt {k}: scheduled {n}, got {self.realised.get(k, 0)}" for k, n in self.scheduled.items()]
+        lines += [f"prompt {k}: got {self.realised[k]} responses, never scheduled" for k in self.unexpected]
+        return "; ".join(lines)
+
+
+def check_group_sizes(scheduled: Mapping[Any, int], realised_keys: Sequence[Any]) -> GroupSizeReport:
+    """Compare each prompt's scheduled rollout count with the responses returned for it.
+
+    ``realised_keys`` has one entry per returned response (its prompt's key). A count that differs
+    in either direction is a mismatch: the preflight has no failed sessions to excuse a short group.
+    """
+    counts = Counter(realised_keys)
+    scheduled = {k: int(v) for k, v in scheduled.items()}
+    mismatched = {k: (n, counts.get(k, 0)) for k, n in scheduled.items() if counts.get(k, 0) != n}
+    unexpected = [k for k in counts if k not in scheduled]
+    return GroupSizeReport(scheduled, dict(counts), mismatched, unexpected)
+
+
+
+
+# --------------------------------------------------------------------------------------- start-up
+@dataclass
+class ClusterPlan:
+    attention: AttentionCheck
+    attention_required: bool
+    shipped: list[str]
+    tq_units: Optional[int]
+    forwarded_env: Optional[dict] = None
+
+    def lines(self) -> list[str]:
+        out = [f"attention    {ATTN_KEY.split('.', 1)[1]} = {self.attention.describe()}"]
+        if self.attention.importable is False and not self.attention_required:
+            out.append(
+                "             (no CUDA here, so a dry run only reports it; the real launch refuses it. "
+                f"Fallback: {SDPA_OVERRIDE})"
+            )
+        if self.shipped:
+            out.append(
+                f"workers      Ray runtime_env py_modules ships {', '.join(SHIPPED_PACKAGES)} to every node "
+                f"({SHIP_ENV}=0 to rely on an install at the same path on every node)"
+            )
+        else:
+            out.append(f"workers      code NOT shipped ({SHIP_ENV}=0): every node needs this repository installed")
+        if self.forwarded_env:
+            pairs = ", ".join(f"{k}={v}" for k, v in self.forwarded_env.items())
+            out.append(f"             runtime_env env_vars forwards {pairs} to every worker")
+        if self.tq_units is not None:
+            out.append(
+                f"transferq    SimpleStorage with {self.tq_units} storage unit(s): needs >= "
+                f"{tq_cpus_needed(self.tq_units):g} Ray CPUs (checked when Ray is up)"
+            )
+        return out
+
+
+def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, str] = os.environ) -> ClusterPlan:
+    """The start-up checks of this module that need no Ray: attention import and code shipping."""
+    required = attention_must_import(dry_run)
+    attention = check_attention(config, strict=required)
+    shipped = ship_code_to_workers(config, environ)
+    forwarded = forward_offline_env(config, environ)
+    return ClusterPlan(attention, required, shipped, tq_storage_units(config), forwarded)
+
+
+__all__ = [
+    "ATTN_KEY",
+    "AttentionCheck",
+    "ClusterPlan",
+    "FORWARDED_ENV",
+    "GroupSizeReport",
+    "PY_MODULES_KEY",
+    "SDPA_OVERRIDE",
+    "SHIPPED_PACKAGES",
+    "TQ_UNITS_KEY",
+    "attention_must_import",
+    "check_attention",
+    "check_group_sizes",
+    "check_transfer_queue_cpus",
+    "cluster_checks",
+    "configured_attn_implementation",
+    "forward_offline_env",
+    "package_dir",
+    "ship_code_to_workers",
+    "tq_cpus_needed",
+    "tq_storage_units",
+]

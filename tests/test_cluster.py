@@ -1,0 +1,255 @@
+"""Cluster readiness checks that run on CPU (recipe/gdro/cluster.py, recipe/gdro/preflight.py).
+
+flash_attn and vllm are absent on this machine, which is what the attention check and the
+preflight's refusal are tested against. The multi-node code shipping is in test_multinode.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recipe.gdro import cluster, preflight  # noqa: E402
+from recipe.gdro.checks import GDRORecipeError  # noqa: E402
+from recipe.gdro.main_gdro import cli, compose_config  # noqa: E402
+from recipe_helpers import standins as S  # noqa: E402
+from test_recipe_dry_run import paper_overrides  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SDPA = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
+NO_FLASH = importlib.util.find_spec("flash_attn") is None
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 42)))))
+
+
+def run_cli(capsys, argv):
+    code = cli(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ----------------------------------------------------------------------------------- attention
+def test_attention_default_is_verls_flash_attention_2():
+    config = compose_config([])
+    assert cluster.configured_attn_implementation(config) == "flash_attention_2"
+    assert cluster.configured_attn_implementation(compose_config([SDPA])) == "sdpa"
+    # verl 0.9.1 reads the same key with the same default when it builds the model config
+    src = Path(importlib.util.find_spec("verl.workers.config.model").origin).read_text()
+    assert 'self.override_config.get("attn_implementation", "flash_attention_2")' in src
+
+
+@pytest.mark.skipif(not NO_FLASH, reason="flash_attn is installed here")
+def test_missing_flash_attn_is_refused_naming_the_key_and_the_sdpa_fallback():
+    config = compose_config([])
+    with pytest.raises(GDRORecipeError) as e:
+        cluster.check_attention(config, strict=True)
+    msg = str(e.value)
+    assert "actor_rollout_ref.model.override_config.attn_implementation=flash_attention_2 (verl's default)" in msg
+    assert "flash_attn" in msg and SDPA in msg and "ATTN_IMPLEMENTATION=sdpa" in msg
+    # not strict: reported, not raised
+    check = cluster.check_attention(config, strict=False)
+    assert check.importable is False and "NOT importable" in check.describe()
+    # sdpa needs only torch
+    assert cluster.check_attention(compose_config([SDPA]), strict=True).importable is True
+    # an implementation the recipe does not know is left to transformers
+    unknown_impl = compose_config(["++actor_rollout_ref.model.override_config.attn_implementation=x"])
+    unknown = cluster.check_attention(unknown_impl, strict=True)
+    assert unknown.module is None
+
+
+@pytest.mark.skipif(not NO_FLASH, reason="flash_attn is installed here")
+def test_real_launch_refuses_missing_flash_attn_before_ray(capsys, data, monkeypatch):
+    import verl.trainer.main_ppo as main_ppo
+
+    def no_ray(*a, **k):
+        raise AssertionError("run_ppo must not start")
+
+    monkeypatch.setattr(main_ppo, "run_ppo", no_ray)
+    argv = [a for a in paper_overrides(data) if a != "gdro.dry_run=true"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2, err
+    assert "attn_implementation=flash_attention_2" in err and SDPA in err
+
+
+@pytest.mark.skipif(not NO_FLASH, reason="flash_attn is installed here")
+def test_dry_run_reports_attention_on_cpu_and_refuses_it_where_cuda_is(capsys, data, monkeypatch):
+    code, out, err = run_cli(capsys, paper_overrides(data))
+    assert code == 0, err
+    assert "model.override_config.attn_implementation = flash_attention_2 (flash_attn NOT importable" in out
+    assert "the real launch refuses it" in out
+    code, out, err = run_cli(capsys, paper_overrides(data) + [SDPA])
+    assert code == 0, err
+    assert "= sdpa (torch importable)" in out
+    # a dry run on a machine with CUDA is on the cluster: there the missing kernel is an error
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    code, out, err = run_cli(capsys, paper_overrides(data))
+    assert code == 2 and "attn_implementation=flash_attention_2" in err
+
+
+def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
+    """setup.py: `gpu` = verl's vllm + flash-attn extras (verl 0.9.1 METADATA); base install has neither."""
+    import email
+
+    from importlib.metadata import distribution
+
+    meta = email.message_from_string(distribution("verl").read_text("METADATA"))
+    extras = meta.get_all("Provides-Extra")
+    assert "vllm" in extras and "flash-attn-cu130torch211" in extras
+    flash = [r for r in meta.get_all("Requires-Dist") if r.startswith("flash-attn") and "flash-attn-cu130torch211" in r]
+    assert flash and flash[0].startswith("flash-attn==2.8.3")
+
+    src = (REPO / "setup.py").read_text()
+    namespace: dict = {}
+    exec(compile(src.replace("setup(", "SETUP_KWARGS = dict(", 1), "setup.py", "exec"), namespace)
+    kwargs = namespace["SETUP_KWARGS"]
+    gpu = kwargs["extras_require"]["gpu"]
+    assert gpu == ["verl[vllm,flash-attn-cu130torch211]==0.9.1"]
+    cpu = kwargs["install_requires"] + kwargs["extras_require"]["test"]
+    assert not any("flash" in r or "vllm" in r or "[" in r for r in cpu), cpu
+
+
+# ----------------------------------------------------------------------------------- code shipping
+def test_ship_code_adds_the_three_packages_to_the_ray_runtime_env():
+    config = compose_config(["+ray_kwargs.ray_init.runtime_env.py_modules=[/opt/mine]"])
+    added = cluster.ship_code_to_workers(config, environ={})
+    assert [Path(p).name for p in added] == ["recipe", "verl_ext", "data_prep"]
+    for p in added:
+        assert (Path(p) / "__init__.py").exists() and Path(p).parent == REPO
+    modules = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.py_modules)
+    assert modules == ["/opt/mine", *added]  # the user's entry kept, first
+    assert cluster.ship_code_to_workers(config, environ={}) == []  # idempotent
+    # verl merges it into what ray.init gets, keeping its own env_vars
+    kwargs = preflight.ray_init_kwargs(config)
+    assert kwargs["runtime_env"]["py_modules"] == modules
+    assert "env_vars" in kwargs["runtime_env"]
+    # opt-out
+    other = compose_config([])
+    assert cluster.ship_code_to_workers(other, environ={"GDRO_SHIP_CODE": "0"}) == []
+    assert OmegaConf.select(other, cluster.PY_MODULES_KEY, default=None) is None
+
+
+def test_recipe_resolving_to_transfer_queues_namespace_is_refused(monkeypatch):
+    import types
+
+    fake = types.ModuleType("recipe")
+    fake.__path__ = ["/site-packages/recipe"]  # a namespace package has no __file__
+    monkeypatch.setitem(sys.modules, "recipe", fake)
+    with pytest.raises(GDRORecipeError, match="namespace package"):
+        cluster.package_dir("recipe")
+
+
+def test_offline_hub_flags_are_forwarded_to_workers():
+    config = compose_config([])
+    assert cluster.forward_offline_env(config, environ={}) == {}
+    forwarded = cluster.forward_offline_env(config, environ={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": ""})
+    assert forwarded == {"HF_HUB_OFFLINE": "1"}
+    assert preflight.ray_init_kwargs(config)["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    # a value the user set in the runtime_env wins
+    config = compose_config(["+ray_kwargs.ray_init.runtime_env.env_vars={HF_HUB_OFFLINE: '0'}"])
+    assert cluster.forward_offline_env(config, environ={"HF_HUB_OFFLINE": "1"}) == {}
+    assert config.ray_kwargs.ray_init.runtime_env.env_vars.HF_HUB_OFFLINE == "0"
+
+
+def test_dry_run_shows_the_shipped_modules(capsys, data):
+    code, out, err = run_cli(capsys, paper_overrides(data) + [SDPA])
+    assert code == 0, err
+    assert "workers      Ray runtime_env py_modules ships recipe, verl_ext, data_prep to every node" in out
+    line = next(x for x in out.splitlines() if x.startswith("ray_kwargs.ray_init.runtime_env.py_modules:"))
+    assert f"{REPO}/recipe" in line and f"{REPO}/verl_ext" in line and f"{REPO}/data_prep" in line
+    assert "transfer_queue.backend.SimpleStorage.num_data_storage_units: 8" in out
+    assert "needs >= 10 Ray CPUs" in out
+
+
+# ----------------------------------------------------------------------------------- TransferQueue
+def test_transfer_queue_cpu_check():
+    config = compose_config([])
+    assert cluster.tq_storage_units(config) == 8  # verl 0.9.1's default
+    with pytest.raises(GDRORecipeError, match=r"units=8.*needs >= 10 Ray CPUs; this Ray cluster has 2"):
+        cluster.check_transfer_queue_cpus(config, 2)
+    cluster.check_transfer_queue_cpus(config, 10)
+    one = compose_config(["transfer_queue.backend.SimpleStorage.num_data_storage_units=1"])
+    cluster.check_transfer_queue_cpus(one, 2, runner_cpus=0)  # the CPU e2e test's layout: driver + 2-CPU Ray
+    with pytest.raises(GDRORecipeError, match="needs >= 3 Ray CPUs"):
+        cluster.check_transfer_queue_cpus(one, 2)  # inside run_ppo's TaskRunner actor
+    with pytest.raises(GDRORecipeError, match="must be >= 1"):
+        cluster.check_transfer_queue_cpus(compose_config([f"{cluster.TQ_UNITS_KEY}=0"]), 64)
+    other = compose_config(["transfer_queue.backend.storage_backend=MooncakeStore"])
+    cluster.check_transfer_queue_cpus(other, 1)  # not SimpleStorage: not ours to check
+
+
+def test_task_runner_refuses_before_tq_init(monkeypatch):
+    """GDROTaskRunner.run checks Ray's CPUs before tq.init, which would otherwise wait forever."""
+    import ray
+    import transfer_queue as tq
+
+    from recipe.gdro import task_runner as TR
+
+    calls = []
+    monkeypatch.setattr(tq, "init", lambda conf=None: calls.append("init"))
+    monkeypatch.setattr(tq, "close", lambda: calls.append("close"))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: object)
+    with pytest.raises(GDRORecipeError, match="needs >= 9 Ray CPUs; this Ray cluster has 4"):
+        TR.GDROTaskRunner().run(compose_config([]))  # 8 units + controller (driver-side: no runner CPU)
+    assert calls == []
+
+
+# ----------------------------------------------------------------------------------- group sizes
+def test_group_size_check_on_fake_engine_output():
+    ok = cluster.check_group_sizes({"a": 2, "b": 12}, ["a"] * 2 + ["b"] * 12)
+    assert ok.ok and ok.describe() == "prompt a: scheduled 2, got 2; prompt b: scheduled 12, got 12"
+    # an engine that ignores the per-request count gives every group the same size
+    flat = cluster.check_group_sizes({"a": 2, "b": 12}, ["a"] * 4 + ["b"] * 4)
+    assert not flat.ok and flat.mismatched == {"a": (2, 4), "b": (12, 4)}
+    short = cluster.check_group_sizes({"a": 2, "b": 12}, ["a"] * 2 + ["b"] * 11)
+    assert short.mismatched == {"b": (12, 11)}
+    missing = cluster.check_group_sizes({"a": 2, "b": 3}, ["a", "a"])
+    assert missing.mismatched == {"b": (3, 0)}
+    stray = cluster.check_group_sizes({"a": 1}, ["a", "z"])
+    assert not stray.ok and stray.unexpected == ["z"] and "never scheduled" in stray.describe()
+
+
+def test_preflight_counts_use_the_rollout_bounds():
+    from recipe.gdro.checks import build_gdro_config
+
+    on = compose_config(["gdro.rollout.enable=true"])
+    assert preflight.scheduled_counts(on, build_gdro_config(on)) == {"a": 2, "b": 12}
+    off = compose_config([])
+    assert preflight.scheduled_counts(off, build_gdro_config(off)) == {"a": 4, "b": 5}
+
+
+# ----------------------------------------------------------------------------------- preflight on CPU
+@pytest.mark.skipif(not NO_FLASH, reason="flash_attn is installed here")
+def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    base = [a for a in paper_overrides(data) if a != "gdro.dry_run=true"]
+    config = compose_config(base)
+    assert preflight.run_preflight(config) == 2
+    out, err = capsys.readouterr()
+    assert "one prompt submitted twice with n = 2 and n = 12" in out
+    assert "1/4 start-up checks passed" in out
+    assert "attn_implementation=flash_attention_2" in err  # the attention kernel first
+
+    config = compose_config(base + [SDPA])
+    assert preflight.run_preflight(config) == 2
+    out, err = capsys.readouterr()
+    assert "2/4 attention: sdpa (torch importable)" in out
+    assert "no CUDA device visible" in err and "DRY_RUN=1" in err
+    assert "3/4" not in out  # Ray was never started
+
+    bad = compose_config(base + ["gdro.rollout.n_max=1"])
+    assert preflight.run_preflight(bad) == 2  # a start-up check refuses before anything else
