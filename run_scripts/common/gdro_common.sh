@@ -35,6 +35,9 @@
 #   PYTHON            interpreter                  default python3
 
 GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# gdro_activate_venv: use <repo>/.venv (setup_env.sh's) when present and no venv is active.
+# shellcheck source=activate_venv.sh
+source "$GDRO_ROOT/run_scripts/common/activate_venv.sh"
 
 # The seven evaluation sets of Table 1, named as data_prep/eval_sets.py writes them
 # (<VAL_DIR>/<name>.parquet). verl reports val-core/<name>/acc/mean@8 per set.
@@ -385,6 +388,7 @@ gdro_launch() {
     fi
   fi
 
+  gdro_activate_venv "$GDRO_ROOT"
   local python="${PYTHON:-python3}"
   # Make the repository importable even if it is not pip-installed on this node (Ray workers on
   # other nodes still need `pip install -e .` there; see the README, "Reproducing the paper").
