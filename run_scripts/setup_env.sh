@@ -18,6 +18,7 @@
 #   GDRO_OWN_VERL=1      you manage verl yourself: keep the installed verl and install this
 #                        package with `pip install --no-deps -e .` (see REQUIRED_VERL.txt)
 #   GDRO_TORCH_INDEX     PyTorch's CPU wheel index             default https://download.pytorch.org/whl/cpu
+#   GDRO_ALLOW_CUDA_TORCH=1  let the fallback install a CUDA torch on a machine without a GPU
 #   PYTHON               interpreter that creates the venv     default python3
 #
 # When sourced, the caller's shell options (errexit, nounset, pipefail, ...) are exactly as they
@@ -30,13 +31,23 @@ set +e
 GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 GDRO_TORCH_VERSION="2.13.0"
 
+# `python -m pip ARGS` without the pip-config noise ("WARNING: Location ... is ignored").
+gdro_pip() {
+  local log rc=0
+  log="$(mktemp)"
+  python -m pip "$@" >"$log" 2>&1 || rc=$?
+  grep -v "^WARNING: Location" "$log" >&2 || true
+  rm -f "$log"
+  return "$rc"
+}
+
 # Installs torch into the active `python`; see the header for the choice of source.
 gdro_install_torch() {
   local index="${GDRO_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
   local spec="torch==$GDRO_TORCH_VERSION"
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "[setup] NVIDIA GPU found: installing $spec (PyPI's default CUDA build)"
-    python -m pip install -q "$spec"
+    gdro_pip install -q "$spec"
     return
   fi
   if python - "$index" <<'EOF'; then
@@ -50,14 +61,14 @@ except Exception as e:  # unreachable, DNS failure, HTTP error
     sys.exit(1)
 EOF
     echo "[setup] no GPU: installing $spec (CPU build) from $index"
-    python -m pip install -q --timeout 30 --retries 1 --index-url "$index" "$spec"
+    gdro_pip install -q --timeout 30 --retries 1 --index-url "$index" "$spec"
     return
   fi
   echo "[setup] note: PyTorch's CPU wheel index is unreachable; falling back to the plain" \
     "\`pip install $spec\` (checked first: it must not pull CUDA libraries)" >&2
   local report
   report="$(mktemp)"
-  python -m pip install -q --dry-run --ignore-installed --report "$report" "$spec" >/dev/null
+  gdro_pip install -q --dry-run --ignore-installed --report "$report" "$spec"
   local cuda
   cuda="$(python - "$report" <<'EOF'
 import json
@@ -68,13 +79,14 @@ print(" ".join(p["metadata"]["name"] for p in plan if p["metadata"]["name"].lowe
 EOF
 )"
   rm -f "$report"
-  if [[ -n "$cuda" ]]; then
+  if [[ -n "$cuda" && "${GDRO_ALLOW_CUDA_TORCH:-0}" != 1 ]]; then
     echo "[setup] error: on this machine the plain \`pip install $spec\` resolves to the CUDA build" \
       "(it would download $cuda). Install a CPU torch $GDRO_TORCH_VERSION first (e.g. from a local" \
-      "wheel: pip install /path/to/torch-$GDRO_TORCH_VERSION+cpu-*.whl) and run this again." >&2
+      "wheel: pip install /path/to/torch-$GDRO_TORCH_VERSION+cpu-*.whl) and run this again, or set" \
+      "GDRO_ALLOW_CUDA_TORCH=1 to accept the CUDA build." >&2
     return 1
   fi
-  python -m pip install -q "$spec"
+  gdro_pip install -q "$spec"
 }
 
 # The install steps; run in a subshell with strict options (see the header).
@@ -96,7 +108,7 @@ gdro_setup_install() {
   log="$(mktemp)"
   if [[ "$own_verl" == 1 ]]; then
     python -c "import verl" 2>/dev/null || {
-      echo "[setup] error: GDRO_OWN_VERL=1 but verl is not importable; install verl $(cat "$GDRO_ROOT/REQUIRED_VERL.txt") first" >&2
+      echo "[setup] error: GDRO_OWN_VERL=1 but verl is not importable; install $(cat "$GDRO_ROOT/REQUIRED_VERL.txt") first" >&2
       return 1
     }
     echo "[setup] GDRO_OWN_VERL=1: keeping your verl; installing this package with --no-deps"
@@ -104,7 +116,7 @@ gdro_setup_install() {
       grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"; return 1
     fi
   else
-    echo "[setup] installing verl $(cat "$GDRO_ROOT/REQUIRED_VERL.txt") and this package [$extras]"
+    echo "[setup] installing $(cat "$GDRO_ROOT/REQUIRED_VERL.txt") and this package [$extras]"
     if ! python -m pip install -q -e "$GDRO_ROOT[$extras]" >"$log" 2>&1; then
       grep -v "^WARNING: Location" "$log" >&2; rm -f "$log"; return 1
     fi
@@ -132,8 +144,11 @@ if ((_gdro_rc == 0)); then
   _gdro_rc=$?
 fi
 if ((_gdro_rc == 0)) && [[ "${GDRO_USE_CURRENT_ENV:-0}" != "1" ]]; then
-  echo "[setup] ready. In a new shell: source ${GDRO_VENV/#$PWD\//}/bin/activate" \
-    "(the run_scripts launchers use $GDRO_VENV by themselves)"
+  if [[ "$GDRO_VENV" -ef "$GDRO_ROOT/.venv" ]]; then
+    echo "[setup] ready. In a new shell: source .venv/bin/activate (the run_scripts launchers use .venv by themselves)"
+  else
+    echo "[setup] ready. In a new shell: source $GDRO_VENV/bin/activate (or export GDRO_VENV=$GDRO_VENV for the launchers)"
+  fi
 fi
 eval "$_gdro_saved_opts"
 unset _gdro_saved_opts

@@ -323,8 +323,7 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, capsys, monkeypat
     before = out.read_bytes()
 
     def failing_write(table, where, **kwargs):
-        with open(where, "wb") as f:
-            f.write(b"PAR1 half a file")
+        where.write(b"PAR1 half a file")  # the atomic writer's temporary file object
         raise OSError(28, "No space left on device")
 
     src2 = write_parquet(tmp_path / "p2.parquet", [processed_row(0, *PROBLEMS[0])])
@@ -338,6 +337,21 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, capsys, monkeypat
     code, fresh = run_dapo(tmp_path, src2, out="fresh")
     assert code != 0
     assert not fresh.exists() and list(fresh.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_output_files_honour_the_umask(tmp_path, capsys, umask, expected):
+    """Written files used to be 0600 (mkstemp's mode) whatever the umask: unreadable by other users
+    and by Ray workers under other accounts on shared cluster storage."""
+    src = write_parquet(tmp_path / "p.parquet", [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    old = os.umask(umask)
+    try:
+        code, out = run_dapo(tmp_path, src)
+    finally:
+        os.umask(old)
+    assert code == 0, capsys.readouterr().err
+    assert out.stat().st_mode & 0o777 == expected
+    assert pq.read_table(out).num_rows == len(PROBLEMS)
 
 
 def test_hub_loading_uses_datasets_with_the_processed_en_config(tmp_path, monkeypatch):

@@ -204,7 +204,7 @@ def test_own_verl_installs_with_no_deps(stub):
     assert calls == [f"install -q --no-deps -e {REPO}"]
     proc, calls = stub(f"bash {SETUP}", STUB_HAS_TORCH="0", STUB_HAS_VERL="1", GDRO_OWN_VERL="1")
     assert proc.returncode == 1
-    assert "verl is not importable; install verl verl==0.9.1 first" in proc.stderr
+    assert "verl is not importable; install verl==0.9.1 first" in proc.stderr
 
 
 def test_an_up_to_date_environment_is_not_reinstalled(stub):
@@ -252,3 +252,10 @@ def test_launchers_respect_an_active_env_or_a_missing_venv(tmp_path):
     proc = _which_python3(empty)
     assert proc.returncode == 0 and "V=" in proc.stdout.splitlines()[-1]
     assert str(empty) not in proc.stdout
+
+
+def test_cuda_fallback_only_when_explicitly_allowed(stub):
+    plan = _plan("torch", "nvidia-cublas-cu12")
+    proc, calls = stub(f"bash {SETUP}", plan=plan, GDRO_ALLOW_CUDA_TORCH="1")
+    assert proc.returncode == 0, proc.stderr
+    assert "install -q torch==2.13.0" in calls
