@@ -144,8 +144,9 @@ def test_sourcing_restores_the_callers_shell_options(stub, case, outcome):
 
 
 def test_a_failed_setup_returns_instead_of_closing_an_errexit_free_shell(stub):
-    proc, _ = stub(f"set +e; source {SETUP}; echo still-here; set -o | grep -E '^(errexit|nounset|pipefail)'",
-                   STUB_PIP_RC="1")
+    proc, _ = stub(
+        f"set +e; source {SETUP}; echo still-here; set -o | grep -E '^(errexit|nounset|pipefail)'", STUB_PIP_RC="1"
+    )
     assert "still-here" in proc.stdout
     for opt in ("errexit", "nounset", "pipefail"):
         assert any(line.split() == [opt, "off"] for line in proc.stdout.splitlines()), proc.stdout
@@ -228,7 +229,10 @@ def _fake_venv(root: Path) -> Path:
 
 
 def _which_python3(root: Path, **env: str) -> subprocess.CompletedProcess:
-    script = f'set -euo pipefail; source {ACTIVATE}; gdro_activate_venv {root}; command -v python3; echo "V=${{VIRTUAL_ENV:-}}"'
+    script = (
+        f"set -euo pipefail; source {ACTIVATE}; gdro_activate_venv {root}; "
+        'command -v python3; echo "V=${VIRTUAL_ENV:-}"'
+    )
     base = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "GDRO_VENV", "GDRO_USE_CURRENT_ENV")}
     return subprocess.run(["bash", "-c", script], env={**base, **env}, capture_output=True, text=True, timeout=30)
 

@@ -31,7 +31,9 @@
 #   LOGPROB_MICRO_BSZ_PER_GPU, PPO_MAX_TOKEN_LEN_PER_GPU, LOGPROB_MAX_TOKEN_LEN_PER_GPU
 #                     the per-size hardware layout (see gdro_size_profile)
 #   DRY_RUN=1         append gdro.dry_run=true: compose + validate the exact config of the real
-#                     launch and print it, on a CPU-only machine (no Ray, GPU, data or model)
+#                     launch and its data files, and print it, on a CPU-only machine (no Ray, GPU
+#                     or model); DRY_RUN=config appends gdro.dry_run=config: the configuration
+#                     alone, the data files need not exist yet
 #   PYTHON            interpreter                  default python3
 
 GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -360,10 +362,14 @@ gdro_launch() {
   # The user's own Hydra overrides come last, so they win.
   GDRO_OVERRIDES+=("$@")
 
-  local dry=0
-  gdro_is_true "${DRY_RUN:-0}" && dry=1
+  local dry=0 dry_value=true
+  if [[ "${DRY_RUN:-0}" == config ]]; then
+    dry=1 dry_value=config
+  elif gdro_is_true "${DRY_RUN:-0}"; then
+    dry=1
+  fi
   if ((dry)); then
-    GDRO_OVERRIDES+=(gdro.dry_run=true)
+    GDRO_OVERRIDES+=("gdro.dry_run=$dry_value")
   else
     # Fail before Ray starts rather than minutes into worker start-up (files given as arguments
     # are the recipe's to check).
@@ -381,7 +387,7 @@ gdro_launch() {
       gdro_die "missing data file(s): ${missing[*]}
   prepare them with:  python data_prep/dapo.py --local_dir $data_dir
                       python data_prep/eval_sets.py --local_dir $val_dir
-  or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=1 checks the config without data)."
+  or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=config checks the config without data)."
     fi
     if ((nnodes > 1)) && command -v ray >/dev/null 2>&1 && ! ray status >/dev/null 2>&1; then
       gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see the README, "Reproducing the paper"), or set RAY_ADDRESS"
