@@ -73,6 +73,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "hypothesis"],
+        # ruff as pinned in .pre-commit-config.yaml: `pip install -e ".[lint]" && pre-commit install`
+        "lint": ["ruff==0.17.6", "pre-commit"],
         "gpu": [f"verl[vllm]=={VERL_VERSION}"],
     },
 )

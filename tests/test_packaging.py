@@ -143,3 +143,12 @@ def test_installed_package_imports_outside_the_repo(tmp_path, editable):
     assert out["recipe.other"] == str(other / "recipe" / "other" / "__init__.py")
     if "recipe.simple_use_case" in modules:
         assert "site-packages" in out["recipe.simple_use_case"]
+
+
+def test_ruff_pins_agree():
+    """The `lint` extra and the pre-commit hook run the same ruff."""
+    import re
+
+    hook = re.search(r"ruff-pre-commit\s+rev: v([\d.]+)", (REPO / ".pre-commit-config.yaml").read_text())
+    extra = re.search(r'"ruff==([\d.]+)"', (REPO / "setup.py").read_text())
+    assert hook and extra and hook.group(1) == extra.group(1)
