@@ -2,8 +2,14 @@
 
 Install on a CPU machine (tests, simulator, dry runs)::
 
-    pip install torch==2.13.0          # the local CPU build; never let pip pick a CUDA torch
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu   # never a CUDA torch
     pip install -e ".[test]"
+
+(or ``source run_scripts/setup_env.sh``, which does both in ``.venv``).
+
+With a verl you manage yourself (a source checkout, your cluster's image)::
+
+    pip install --no-deps -e .         # installs only this package; see REQUIRED_VERL.txt
 
 Install on a GPU cluster::
 
@@ -18,9 +24,22 @@ flash-attn from source, install it afterwards against the installed torch with
 ``++actor_rollout_ref.model.override_config.attn_implementation=sdpa`` (docs/cluster.md).
 """
 
-from setuptools import find_packages, setup
+from pathlib import Path
 
-VERL_VERSION = "0.9.1"
+from setuptools import find_namespace_packages, setup
+
+HERE = Path(__file__).resolve().parent
+# "verl==0.9.1": the one place the verl version is written (README and setup_env.sh read it too).
+VERL_REQUIREMENT = (HERE / "REQUIRED_VERL.txt").read_text(encoding="utf-8").strip()
+VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
+
+# `recipe` is a namespace package (no recipe/__init__.py), as in verl's recipes: TransferQueue and
+# other recipes install their own `recipe/` portions, and a regular package would shadow them.
+# `recipe.gdro` itself is a regular package. The config/ and scenarios/ folders are package data.
+PACKAGES = find_namespace_packages(
+    include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
+    exclude=["*.__pycache__", "recipe.gdro.scenarios"],
+)
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
 # only in its `verl-core` extra, which also pulls GPU-only packages (nvtx, torchcodec, ...).
@@ -37,17 +56,18 @@ setup(
     name="verl-gdro",
     version="0.1.0",
     description="Multi-Adversary Group Distributionally Robust Optimization for RL post-training with verl",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.13",
-    packages=find_packages(include=["verl_ext", "verl_ext.*", "recipe", "recipe.*", "data_prep", "data_prep.*"]),
+    license="Apache-2.0",
+    packages=PACKAGES,
     package_data={"recipe.gdro": ["config/*.yaml", "scenarios/*.yaml"]},
     include_package_data=True,
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install
     # torch first (see the docstring above), or use the `gpu` extra.
     install_requires=[
-        f"verl=={VERL_VERSION}",
+        VERL_REQUIREMENT,
         *V1_TRAINER_DEPS,
         "numpy>=2.0",
         "pandas",
@@ -61,6 +81,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "hypothesis"],
+        # ruff as pinned in .pre-commit-config.yaml: `pip install -e ".[lint]" && pre-commit install`
+        "lint": ["ruff==0.17.6", "pre-commit"],
         # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.
         "gpu": [f"verl[vllm,flash-attn-cu130torch211]=={VERL_VERSION}"],
     },

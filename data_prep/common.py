@@ -18,7 +18,6 @@ import math
 import os
 import re
 import sys
-import tempfile
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +27,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from verl_ext.atomic import atomic_replace
 
 # The one answer-format instruction used for every math prompt (the GDRO authors' suffix).
 # verl's math_dapo scorer reads a Minerva "Answer: ..." line first, then the last \boxed{}.
@@ -482,22 +483,10 @@ def to_table(records: list[dict], metadata: dict | None = None) -> pa.Table:
 def write_parquet_atomic(table: pa.Table, path: str | os.PathLike) -> None:
     """Write a parquet file so that ``path`` is either the old file or the complete new one.
 
-    The table goes to a temporary file in the same directory (same filesystem, so the final
-    ``os.replace`` is atomic); on any failure the temporary file is removed.
+    Uses the project's one atomic writer (:func:`verl_ext.atomic.atomic_replace`: a temporary file
+    in the same folder, fsync, rename; removed on failure). The file gets the umask's permissions
+    (0644 under umask 022), so other users and Ray workers on shared storage can read it.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        # Fixed writer options: same table -> same bytes (no pandas index, no timestamps).
-        pq.write_table(table, tmp, compression="zstd", use_dictionary=True, write_statistics=True)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    # Fixed writer options: same table -> same bytes (no pandas index, no timestamps).
+    with atomic_replace(path, "wb") as f:
+        pq.write_table(table, f, compression="zstd", use_dictionary=True, write_statistics=True)

@@ -197,7 +197,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--local_dir", required=True, help="output folder; train.parquet is written there")
     p.add_argument("--input", help="local .parquet/.jsonl/.json in either DAPO schema (no hub access needed)")
     p.add_argument(
-        "--dataset", default=None,
+        "--dataset",
+        default=None,
         help=f"hub dataset id (default {HUB_DATASET}; the raw one is {RAW_HUB_DATASET}); with --input, only the "
         "name recorded in extra_info.dataset (default: the hub id of the detected schema)",
     )
@@ -207,7 +208,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--split", default="train")
     p.add_argument("--schema", choices=["auto", "processed", "raw"], default="auto")
     p.add_argument(
-        "--language", choices=["en", "all"], default="en",
+        "--language",
+        choices=["en", "all"],
+        default="en",
         help="en: drop problems containing CJK ideographs (what the processed `en` config did); all: keep every row",
     )
     p.add_argument("--strict", action="store_true", help="any bad row is fatal (non-zero exit, nothing written)")

@@ -101,12 +101,25 @@ EVAL_SETS: dict[str, EvalSet] = {
         EvalSet("minerva", "math-ai/minervamath", None, "test", "question", "answer"),
         # id, question, solution (list), final_answer (list of "$...$"), context, ... (675 rows)
         EvalSet(
-            "olympiadbench", "math-ai/olympiadbench", None, "test", "question", "final_answer", "id",
-            answer_is_list=True, context_column="context",
+            "olympiadbench",
+            "math-ai/olympiadbench",
+            None,
+            "test",
+            "question",
+            "final_answer",
+            "id",
+            answer_is_list=True,
+            context_column="context",
         ),
         # Question, Correct Answer, Incorrect Answer 1..3, Record ID, ... (198 rows; gated on the hub)
         EvalSet(
-            "gpqa_diamond", "Idavidrein/gpqa", "gpqa_diamond", "train", "Question", "Correct Answer", "Record ID",
+            "gpqa_diamond",
+            "Idavidrein/gpqa",
+            "gpqa_diamond",
+            "train",
+            "Question",
+            "Correct Answer",
+            "Record ID",
             kind="mc",
         ),
     ]
@@ -128,7 +141,8 @@ def gpqa_layout(question: str, correct: str, incorrect: list[str]) -> tuple[list
 
 def gpqa_prompt(question: str, options: list[str]) -> str:
     """The GPQA user message: question, lettered options, instruction."""
-    lines = [question, ""] + [f"{letter}) {text}" for letter, text in zip("ABCD", options)] + ["", GPQA_INSTRUCTION]
+    lettered = [f"{letter}) {text}" for letter, text in zip("ABCD", options, strict=True)]  # always 4 options
+    lines = [question, "", *lettered, "", GPQA_INSTRUCTION]
     return "\n".join(lines)
 
 
@@ -150,8 +164,13 @@ def _convert_row(spec: EvalSet, row: dict, rec_row: int, where: str) -> Entry:
             raise RowProblem(spec.answer_column, "ambiguous options: the correct answer equals an incorrect one")
         options, letter = gpqa_layout(question, correct, incorrect)
         return Entry(
-            question, letter, _source_id(spec, row, rec_row), rec_row, where,
-            prompt_content=gpqa_prompt(question, options), answer_text=correct,
+            question,
+            letter,
+            _source_id(spec, row, rec_row),
+            rec_row,
+            where,
+            prompt_content=gpqa_prompt(question, options),
+            answer_text=correct,
         )
     answer = coerce_answer(get_column(row, spec.answer_column), spec.answer_column, allow_list=spec.answer_is_list)
     if spec.context_column:

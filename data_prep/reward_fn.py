@@ -31,9 +31,7 @@ from typing import Any
 from verl.utils.reward_score import default_compute_score, math_dapo
 
 # Names written by data_prep (dapo.py, eval_sets.py). Keep in sync with eval_sets.EVAL_SETS.
-MATH_DATA_SOURCES = frozenset(
-    {"math_dapo", "math500", "aime2024", "aime2025", "amc23", "minerva", "olympiadbench"}
-)
+MATH_DATA_SOURCES = frozenset({"math_dapo", "math500", "aime2024", "aime2025", "amc23", "minerva", "olympiadbench"})
 GPQA_DATA_SOURCES = frozenset({"gpqa_diamond"})
 
 CHOICE_LETTERS = "ABCD"

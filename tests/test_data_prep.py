@@ -112,7 +112,6 @@ def load_rlhf(files, tokenizer, tmp_path: Path, monkeypatch):
     """Load parquet files with verl's RLHFDataset, keeping the datasets cache inside tmp_path."""
     import datasets
     from omegaconf import OmegaConf
-
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
@@ -207,7 +206,10 @@ def test_runs_as_script_and_as_module(tmp_path):
         out_dir = tmp_path / f"run{n}"
         proc = subprocess.run(
             [sys.executable, *cmd, "--input", str(src), "--local_dir", str(out_dir)],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
         assert "[dapo] summary: read=6 written=6 duplicates_merged=0 dropped=0" in proc.stdout
@@ -236,13 +238,25 @@ BAD_CASES = [
     ("answer null", {**processed_row(9, "What is $7 \\cdot 6$?", "42"), "solution": None}, "solution", "no answer"),
     ("answer empty", {**processed_row(9, "What is $7 \\cdot 6$?", "42"), "solution": "  "}, "solution", "no answer"),
     ("prompt empty", {**processed_row(9, "x", "42"), "prompt": "   "}, "prompt", "empty prompt"),
-    ("prompt only an instruction", {**processed_row(9, "x", "42"), "prompt": DAPO_PREFIX + DAPO_SUFFIX}, "prompt",
-     "empty prompt"),
+    (
+        "prompt only an instruction",
+        {**processed_row(9, "x", "42"), "prompt": DAPO_PREFIX + DAPO_SUFFIX},
+        "prompt",
+        "empty prompt",
+    ),
     ("prompt wrong type", {**processed_row(9, "x", "42"), "prompt": 1234}, "prompt", "wrong type"),
-    ("answer wrong type", {**processed_row(9, "What is $7 \\cdot 6$?", "42"), "solution": {"value": 42}}, "solution",
-     "wrong type"),
-    ("column missing in row", {k: v for k, v in processed_row(9, "What is 6*7?", "42").items() if k != "solution"},
-     "solution", "missing column in this row"),
+    (
+        "answer wrong type",
+        {**processed_row(9, "What is $7 \\cdot 6$?", "42"), "solution": {"value": 42}},
+        "solution",
+        "wrong type",
+    ),
+    (
+        "column missing in row",
+        {k: v for k, v in processed_row(9, "What is 6*7?", "42").items() if k != "solution"},
+        "solution",
+        "missing column in this row",
+    ),
     ("invalid json", '{"prompt": "What is 6*7?", "solution": ', None, "invalid JSON"),
 ]
 
@@ -295,8 +309,13 @@ def test_raw_schema_bad_rows(tmp_path, capsys, strict):
 @pytest.mark.parametrize("strict", [False, True])
 def test_missing_column_is_fatal_and_named(tmp_path, capsys, strict):
     rows = [{k: v for k, v in processed_row(i, p, a).items() if k != "solution"} for i, (p, a) in enumerate(PROBLEMS)]
-    code, out = run_dapo(tmp_path, write_parquet(tmp_path / "p.parquet", rows), *(["--strict"] if strict else []),
-                         "--schema", "processed")
+    code, out = run_dapo(
+        tmp_path,
+        write_parquet(tmp_path / "p.parquet", rows),
+        *(["--strict"] if strict else []),
+        "--schema",
+        "processed",
+    )
     assert code != 0
     err = capsys.readouterr().err
     assert "missing column(s) 'solution'" in err and "in every row" in err
@@ -323,8 +342,7 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, capsys, monkeypat
     before = out.read_bytes()
 
     def failing_write(table, where, **kwargs):
-        with open(where, "wb") as f:
-            f.write(b"PAR1 half a file")
+        where.write(b"PAR1 half a file")  # the atomic writer's temporary file object
         raise OSError(28, "No space left on device")
 
     src2 = write_parquet(tmp_path / "p2.parquet", [processed_row(0, *PROBLEMS[0])])
@@ -338,6 +356,21 @@ def test_atomic_write_failure_leaves_no_partial_file(tmp_path, capsys, monkeypat
     code, fresh = run_dapo(tmp_path, src2, out="fresh")
     assert code != 0
     assert not fresh.exists() and list(fresh.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_output_files_honour_the_umask(tmp_path, capsys, umask, expected):
+    """Written files used to be 0600 (mkstemp's mode) whatever the umask: unreadable by other users
+    and by Ray workers under other accounts on shared cluster storage."""
+    src = write_parquet(tmp_path / "p.parquet", [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    old = os.umask(umask)
+    try:
+        code, out = run_dapo(tmp_path, src)
+    finally:
+        os.umask(old)
+    assert code == 0, capsys.readouterr().err
+    assert out.stat().st_mode & 0o777 == expected
+    assert pq.read_table(out).num_rows == len(PROBLEMS)
 
 
 def test_hub_loading_uses_datasets_with_the_processed_en_config(tmp_path, monkeypatch):
@@ -391,22 +424,40 @@ def test_instruction_stripping_is_idempotent(text):
 
 GPQA_ROWS = [
     {
-        "Pre-Revision Question": "q", "Question": "Which particle mediates the electromagnetic force?",
-        "Correct Answer": "Photon", "Incorrect Answer 1": "Gluon", "Incorrect Answer 2": "W boson",
-        "Incorrect Answer 3": "Graviton", "Explanation": "QED.", "Subdomain": "Physics (general)",
-        "High-level domain": "Physics", "Record ID": "rec001",
+        "Pre-Revision Question": "q",
+        "Question": "Which particle mediates the electromagnetic force?",
+        "Correct Answer": "Photon",
+        "Incorrect Answer 1": "Gluon",
+        "Incorrect Answer 2": "W boson",
+        "Incorrect Answer 3": "Graviton",
+        "Explanation": "QED.",
+        "Subdomain": "Physics (general)",
+        "High-level domain": "Physics",
+        "Record ID": "rec001",
     },
     {
-        "Pre-Revision Question": "q", "Question": "What is the oxidation state of Mn in KMnO4?",
-        "Correct Answer": "+7", "Incorrect Answer 1": "+2", "Incorrect Answer 2": "+4",
-        "Incorrect Answer 3": "+6", "Explanation": "K is +1, O is -2.", "Subdomain": "Inorganic Chemistry",
-        "High-level domain": "Chemistry", "Record ID": "rec002",
+        "Pre-Revision Question": "q",
+        "Question": "What is the oxidation state of Mn in KMnO4?",
+        "Correct Answer": "+7",
+        "Incorrect Answer 1": "+2",
+        "Incorrect Answer 2": "+4",
+        "Incorrect Answer 3": "+6",
+        "Explanation": "K is +1, O is -2.",
+        "Subdomain": "Inorganic Chemistry",
+        "High-level domain": "Chemistry",
+        "Record ID": "rec002",
     },
     {
-        "Pre-Revision Question": "q", "Question": "Which base pairs with adenine in DNA?",
-        "Correct Answer": "Thymine", "Incorrect Answer 1": "Uracil", "Incorrect Answer 2": "Cytosine",
-        "Incorrect Answer 3": "Guanine", "Explanation": "A-T.", "Subdomain": "Molecular Biology",
-        "High-level domain": "Biology", "Record ID": "rec003",
+        "Pre-Revision Question": "q",
+        "Question": "Which base pairs with adenine in DNA?",
+        "Correct Answer": "Thymine",
+        "Incorrect Answer 1": "Uracil",
+        "Incorrect Answer 2": "Cytosine",
+        "Incorrect Answer 3": "Guanine",
+        "Explanation": "A-T.",
+        "Subdomain": "Molecular Biology",
+        "High-level domain": "Biology",
+        "Record ID": "rec003",
     },
 ]
 
@@ -414,52 +465,132 @@ GPQA_ROWS = [
 EVAL_FIXTURES = {
     "math500": (
         [
-            {"problem": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.",
-             "solution": "... $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$", "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
-             "subject": "Precalculus", "level": 2, "unique_id": "test/precalculus/807.json"},
-            {"problem": "What is $\\frac{14}{3}$ simplified as a fraction?", "solution": "...", "answer": "\\frac{14}{3}",
-             "subject": "Algebra", "level": 1, "unique_id": "test/algebra/1.json"},
+            {
+                "problem": "Convert the point $(0,3)$ in rectangular coordinates to polar coordinates.",
+                "solution": "... $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}$",
+                "answer": "\\left( 3, \\frac{\\pi}{2} \\right)",
+                "subject": "Precalculus",
+                "level": 2,
+                "unique_id": "test/precalculus/807.json",
+            },
+            {
+                "problem": "What is $\\frac{14}{3}$ simplified as a fraction?",
+                "solution": "...",
+                "answer": "\\frac{14}{3}",
+                "subject": "Algebra",
+                "level": 1,
+                "unique_id": "test/algebra/1.json",
+            },
         ],
-        "parquet", ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{14}{3}"],
+        "parquet",
+        ["\\left( 3, \\frac{\\pi}{2} \\right)", "\\frac{14}{3}"],
     ),
     "aime2024": (
-        [{"id": 60, "problem": "Every morning Aya goes for a $9$-kilometer-long walk...", "solution": "...",
-          "answer": "204", "url": "https://artofproblemsolving.com/x", "year": "2024"}],
-        "parquet", ["204"],
+        [
+            {
+                "id": 60,
+                "problem": "Every morning Aya goes for a $9$-kilometer-long walk...",
+                "solution": "...",
+                "answer": "204",
+                "url": "https://artofproblemsolving.com/x",
+                "year": "2024",
+            }
+        ],
+        "parquet",
+        ["204"],
     ),
     "aime2025": (
-        [{"problem_idx": 1, "problem": "Find the sum of all integer bases $b>9$ for which $17_b$ is a divisor of $97_b$.",
-          "answer": 70, "problem_type": ["Number Theory"]},
-         {"problem_idx": 2, "problem": "On $\\triangle ABC$ points $A,D,E$, and $B$ lie that order...",
-          "answer": 588, "problem_type": ["Geometry"]}],
-        "parquet", ["70", "588"],
+        [
+            {
+                "problem_idx": 1,
+                "problem": "Find the sum of all integer bases $b>9$ for which $17_b$ is a divisor of $97_b$.",
+                "answer": 70,
+                "problem_type": ["Number Theory"],
+            },
+            {
+                "problem_idx": 2,
+                "problem": "On $\\triangle ABC$ points $A,D,E$, and $B$ lie that order...",
+                "answer": 588,
+                "problem_type": ["Geometry"],
+            },
+        ],
+        "parquet",
+        ["70", "588"],
     ),
     "amc23": (
-        [{"id": 0, "question": "Cities $A$ and $B$ are $45$ miles apart. How many miles from City $A$ will they meet?",
-          "answer": 27.0, "url": "https://x"},
-         {"id": 1, "question": "Positive real numbers satisfy $y^3=x^2$ and $(y-x)^2=4y^2$. What is $x+y$?",
-          "answer": 36.0, "url": "https://x"}],
-        "parquet", ["27", "36"],
+        [
+            {
+                "id": 0,
+                "question": "Cities $A$ and $B$ are $45$ miles apart. How many miles from City $A$ will they meet?",
+                "answer": 27.0,
+                "url": "https://x",
+            },
+            {
+                "id": 1,
+                "question": "Positive real numbers satisfy $y^3=x^2$ and $(y-x)^2=4y^2$. What is $x+y$?",
+                "answer": 36.0,
+                "url": "https://x",
+            },
+        ],
+        "parquet",
+        ["27", "36"],
     ),
     "minerva": (
-        [{"question": "Each of the two Magellan telescopes has a diameter of $6.5 \\mathrm{~m}$. Compute the angular "
-                      "resolution in arcseconds.", "answer": "0.49"},
-         {"question": "Compute the wavelength in meters of light with frequency $3 \\times 10^{14}$ Hz.",
-          "answer": "1e-6"}],
-        "jsonl", ["0.49", "1e-6"],
+        [
+            {
+                "question": "Each of the two Magellan telescopes has a diameter of $6.5 \\mathrm{~m}$. "
+                "Compute the angular resolution in arcseconds.",
+                "answer": "0.49",
+            },
+            {
+                "question": "Compute the wavelength in meters of light with frequency $3 \\times 10^{14}$ Hz.",
+                "answer": "1e-6",
+            },
+        ],
+        "jsonl",
+        ["0.49", "1e-6"],
     ),
     "olympiadbench": (
-        [{"id": 1606, "question": "Xenia and Sergey play a game. Find the smallest $n$.",
-          "solution": ["..."], "final_answer": ["$\\frac{1}{2}$"], "context": None, "image_1": None,
-          "modality": "Text-only", "difficulty": "Competition", "is_multiple_answer": False, "unit": None,
-          "answer_type": "Numerical", "error": None, "question_type": "Open-ended", "subfield": "Algebra",
-          "subject": "Math", "language": "English"},
-         {"id": 1607, "question": "Find all real $x$ with $x^2=9$.",
-          "solution": ["..."], "final_answer": ["$3$", "$-3$"], "context": None, "image_1": None,
-          "modality": "Text-only", "difficulty": "Competition", "is_multiple_answer": True, "unit": None,
-          "answer_type": "Numerical", "error": None, "question_type": "Open-ended", "subfield": "Algebra",
-          "subject": "Math", "language": "English"}],
-        "jsonl", ["\\frac{1}{2}", "3, -3"],
+        [
+            {
+                "id": 1606,
+                "question": "Xenia and Sergey play a game. Find the smallest $n$.",
+                "solution": ["..."],
+                "final_answer": ["$\\frac{1}{2}$"],
+                "context": None,
+                "image_1": None,
+                "modality": "Text-only",
+                "difficulty": "Competition",
+                "is_multiple_answer": False,
+                "unit": None,
+                "answer_type": "Numerical",
+                "error": None,
+                "question_type": "Open-ended",
+                "subfield": "Algebra",
+                "subject": "Math",
+                "language": "English",
+            },
+            {
+                "id": 1607,
+                "question": "Find all real $x$ with $x^2=9$.",
+                "solution": ["..."],
+                "final_answer": ["$3$", "$-3$"],
+                "context": None,
+                "image_1": None,
+                "modality": "Text-only",
+                "difficulty": "Competition",
+                "is_multiple_answer": True,
+                "unit": None,
+                "answer_type": "Numerical",
+                "error": None,
+                "question_type": "Open-ended",
+                "subfield": "Algebra",
+                "subject": "Math",
+                "language": "English",
+            },
+        ],
+        "jsonl",
+        ["\\frac{1}{2}", "3, -3"],
     ),
     "gpqa_diamond": (GPQA_ROWS, "parquet", None),
 }
@@ -501,8 +632,11 @@ def test_eval_sets_rows_and_data_sources(eval_out):
 
 def _math_responses(truth: str) -> tuple[list[str], list[str]]:
     right = [f"We compute carefully.\nThus the result is $\\boxed{{{truth}}}$.", f"Some work.\nAnswer: {truth}"]
-    wrong = ["We compute carefully.\nThus the result is $\\boxed{123456}$.", "Some work.\nAnswer: 123456",
-             "I do not know."]
+    wrong = [
+        "We compute carefully.\nThus the result is $\\boxed{123456}$.",
+        "Some work.\nAnswer: 123456",
+        "I do not know.",
+    ]
     return right, wrong
 
 
@@ -535,8 +669,9 @@ def test_train_rows_scored_by_verl_default_math_dapo_and_reward_fn(tmp_path):
 
     from data_prep import reward_fn
 
-    _, out = run_dapo(tmp_path, write_parquet(tmp_path / "p.parquet",
-                                              [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)]))
+    _, out = run_dapo(
+        tmp_path, write_parquet(tmp_path / "p.parquet", [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    )
     for row in read_rows(out):
         gt = row["reward_model"]["ground_truth"]
         right, wrong = _math_responses(gt)
@@ -553,7 +688,7 @@ def test_gpqa_rows_options_and_scoring(eval_out):
 
     rows = read_rows(eval_out / "gpqa_diamond.parquet")
     assert [r["extra_info"]["source_index"] for r in rows] == ["rec001", "rec002", "rec003"]
-    for row, src in zip(rows, GPQA_ROWS):
+    for row, src in zip(rows, GPQA_ROWS, strict=True):
         letter = row["reward_model"]["ground_truth"]
         content = row["prompt"][0]["content"]
         assert letter in "ABCD" and row["ability"] == "science"
@@ -602,14 +737,26 @@ def test_eval_sets_deterministic(tmp_path, eval_out):
 
 
 EVAL_BAD = [
-    ("aime2025", {"problem_idx": 3, "problem": "Find $n$.", "answer": None, "problem_type": ["Algebra"]}, "answer",
-     "no answer"),
-    ("olympiadbench", {**EVAL_FIXTURES["olympiadbench"][0][0], "id": 9, "question": "Other?", "final_answer": []},
-     "final_answer", "no answer"),
+    (
+        "aime2025",
+        {"problem_idx": 3, "problem": "Find $n$.", "answer": None, "problem_type": ["Algebra"]},
+        "answer",
+        "no answer",
+    ),
+    (
+        "olympiadbench",
+        {**EVAL_FIXTURES["olympiadbench"][0][0], "id": 9, "question": "Other?", "final_answer": []},
+        "final_answer",
+        "no answer",
+    ),
     ("amc23", {"id": 5, "question": "", "answer": 3.0, "url": "u"}, "question", "empty prompt"),
     ("minerva", {"question": ["not", "a", "string"], "answer": "1"}, "question", "wrong type"),
-    ("gpqa_diamond", {**GPQA_ROWS[0], "Question": "Another?", "Incorrect Answer 2": "Photon"}, "Correct Answer",
-     "ambiguous options"),
+    (
+        "gpqa_diamond",
+        {**GPQA_ROWS[0], "Question": "Another?", "Incorrect Answer 2": "Photon"},
+        "Correct Answer",
+        "ambiguous options",
+    ),
 ]
 
 
@@ -627,15 +774,18 @@ def test_eval_sets_bad_rows(tmp_path, capsys, case, strict):
         assert code != 0 and not out.exists()  # no set is written when one fails
     else:
         assert code == 0
-        assert f"[{name}] summary: read={len(rows) + 1} written={len(rows)} duplicates_merged=0 dropped=1" \
+        assert (
+            f"[{name}] summary: read={len(rows) + 1} written={len(rows)} duplicates_merged=0 dropped=1"
             f" (dropped: {reason}: 1)" in captured.out
+        )
         assert len(read_rows(out / f"{name}.parquet")) == len(rows)
 
 
 def test_eval_sets_missing_column_or_file_is_fatal(tmp_path, capsys):
-    inputs = write_eval_inputs(tmp_path / "raw",
-                               {"gpqa_diamond": [{k: v for k, v in r.items() if k != "Incorrect Answer 3"}
-                                                 for r in GPQA_ROWS]})
+    inputs = write_eval_inputs(
+        tmp_path / "raw",
+        {"gpqa_diamond": [{k: v for k, v in r.items() if k != "Incorrect Answer 3"} for r in GPQA_ROWS]},
+    )
     code = eval_sets.main(["--local_dir", str(tmp_path / "out"), "--input_dir", str(inputs)])
     assert code != 0 and "missing column(s) 'Incorrect Answer 3'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
@@ -693,7 +843,6 @@ def test_reward_fn_through_verl_config_and_naive_reward_manager(tokenizer):
     """The documented Hydra overrides, composed on verl's ppo_trainer, load and run our function."""
     import torch
     from hydra import compose, initialize_config_module
-
     from verl import DataProto
     from verl.trainer.ppo.reward import get_custom_reward_fn, load_reward_manager
 

@@ -61,7 +61,8 @@ def paper_overrides(data: Path) -> list[str]:
 
 @pytest.fixture
 def data(tmp_path) -> Path:
-    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 42)))))
+    """256 prompts: a full dry run needs at least data.train_batch_size (256) of them."""
+    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 266)))))
 
 
 def run_cli(capsys, argv):
@@ -82,7 +83,8 @@ def test_dry_run_prints_the_plan_and_resolved_values(capsys, data):
     assert "padding rows/step: 0" in out
     assert "Rollout-GDRO ON   allocator=sqrt" in out
     assert "Prompt-GDRO  off" in out
-    assert "32 training prompts, extra_info.index unique, ids < 32" in out
+    assert "256 training prompts, extra_info.index unique, ids < 256" in out
+    assert "data files   256 training prompts in 1 file(s); 1 validation file(s) found" in out
     assert "acc probe: math_dapo: ['acc', 'pred', 'score']" in out
     for line in (
         "data.train_batch_size: 256",
@@ -125,7 +127,10 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
     "extra, code, message",
     [
         (["+gdro.rollout.n_mn=2"], 2, "unknown key(s) gdro.rollout.n_mn"),
-        (["gdro.rollout.n_mn=2"], 1, "gdro.rollout.n_mn"),
+        (["gdro.rollout.n_mn=2"], 2, "unknown key gdro.rollout.n_mn; did you mean n_min?"),
+        (["gdro.rollot.n_min=2"], 2, "unknown key gdro.rollot; did you mean rollout?"),
+        (["trainer.nnodez=2"], 1, "unknown key trainer.nnodez; did you mean nnodes?"),
+        (["gdro.dry_run=maybe"], 2, "gdro.dry_run='maybe': use true"),
         (["gdro.rollout.n_min=abc"], 2, "rollout.n_min='abc' must be an integer"),
         (["gdro.rollout.n_max=3"], 2, "rollout.n_max=3 is invalid: must be >= rollout.n_mean=4"),
         (["gdro.rollout.n_mean=8"], 2, "gdro.rollout.n_mean=8 differs from actor_rollout_ref.rollout.n=4"),
@@ -170,11 +175,52 @@ def test_dry_run_refuses_a_reward_without_acc(capsys, data, tmp_path):
     assert "without 'acc'" in err
 
 
-def test_dry_run_without_local_data_still_checks_the_config(capsys):
-    argv = [a for a in paper_overrides(Path("/nonexistent/dapo.parquet"))]
+def test_dry_run_without_local_data_fails_naming_the_file(capsys):
+    code, out, err = run_cli(capsys, paper_overrides(Path("/nonexistent/dapo.parquet")))
+    assert code == 2
+    assert "missing data file(s): data.train_files: /nonexistent/dapo.parquet; data.val_files: /nonexistent" in err
+    assert "gdro.dry_run=config" in err  # the way out is named
+    assert "dry run OK" not in out
+
+
+def test_config_only_dry_run_does_not_need_the_data(capsys):
+    argv = [a for a in paper_overrides(Path("/nonexistent/dapo.parquet")) if a != "gdro.dry_run=true"]
+    code, out, err = run_cli(capsys, argv + ["gdro.dry_run=config"])
+    assert code == 0, err
+    assert "dry run, configuration only" in out
+    assert "not found (config-only dry run): data.train_files: /nonexistent/dapo.parquet" in out
+    assert "NOT CHECKED" not in out  # listed once
+    assert "dry run OK" in out
+
+
+def test_dry_run_fails_on_a_missing_validation_file(capsys, data):
+    code, out, err = run_cli(capsys, paper_overrides(data) + [f"data.val_files=[{data},/nonexistent/aime.parquet]"])
+    assert code == 2
+    assert "missing data file(s): data.val_files: /nonexistent/aime.parquet" in err
+
+
+def test_dry_run_fails_with_fewer_prompts_than_the_batch(capsys, tmp_path):
+    small = Path(S.write_parquet(str(tmp_path / "small.parquet"), S.math_rows(list(range(12)))))
+    code, out, err = run_cli(capsys, paper_overrides(small))
+    assert code == 2
+    assert f"data.train_files hold 12 prompt(s) ({small}), fewer than data.train_batch_size=256" in err
+    argv = [a for a in paper_overrides(small) if a != "gdro.dry_run=true"] + ["gdro.dry_run=config"]
     code, out, err = run_cli(capsys, argv)
     assert code == 0, err
-    assert "NOT CHECKED (not found locally / remote): /nonexistent/dapo.parquet" in out
+    assert "data note    data.train_files hold 12 prompt(s)" in out
+
+
+@pytest.mark.parametrize("gdro_on", [True, False], ids=["gdro", "plain_verl"])
+@pytest.mark.parametrize("name, content", [("train.csv", "a,b\n1,2\n"), ("train.parquet", "not parquet")])
+def test_dry_run_names_a_training_file_it_cannot_read(capsys, tmp_path, data, name, content, gdro_on):
+    bad = tmp_path / name
+    bad.write_text(content)
+    argv = paper_overrides(data) + [f"data.train_files=[{bad}]"]
+    if not gdro_on:  # the prompt-id check does not read the file then; the dry run's data check does
+        argv += ["gdro.rollout.enable=false", "gdro.observe=false"]
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2, err
+    assert f"data.train_files: {bad} is not" in err
 
 
 # --------------------------------------------------------------------------- the real command line
@@ -191,17 +237,40 @@ def _module_cli(args, cwd):
     )
 
 
-def test_cli_dry_run_exits_zero(data, tmp_path):
-    proc = _module_cli(paper_overrides(data), cwd=tmp_path)
+def test_cli_dry_run_exits_zero_and_leaves_no_outputs_folder(data, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _module_cli(paper_overrides(data), cwd=work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dry run OK" in proc.stdout
     assert "actor_rollout_ref.actor.clip_ratio_high: 0.28" in proc.stdout
+    assert list(work.iterdir()) == []  # no Hydra outputs/<date>/<time>/
 
 
-def test_cli_unknown_key_exits_nonzero_naming_it(data, tmp_path):
-    proc = _module_cli(paper_overrides(data) + ["gdro.rollout.n_mn=2"], cwd=tmp_path)
-    assert proc.returncode != 0
-    assert "gdro.rollout.n_mn" in proc.stderr
-    proc = _module_cli(paper_overrides(data) + ["+gdro.rollout.n_mn=2"], cwd=tmp_path)
+def test_cli_unknown_key_exits_2_naming_it(data, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = _module_cli(paper_overrides(data) + ["gdro.rollout.n_mn=3"], cwd=work)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "unknown key gdro.rollout.n_mn; did you mean n_min?" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = _module_cli(paper_overrides(data) + ["+gdro.rollout.n_mn=2"], cwd=work)
     assert proc.returncode == 2
     assert "unknown key(s) gdro.rollout.n_mn" in proc.stderr
+    # a training run (no dry run) refuses it too, before Hydra's job starts
+    proc = _module_cli(["gdro.rollout.n_mn=3"], cwd=work)
+    assert proc.returncode == 2 and "did you mean n_min?" in proc.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_cli_help_lists_the_gdro_keys(tmp_path):
+    proc = _module_cli(["--help"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("usage: python -m recipe.gdro.main_gdro")
+    assert len(lines) < 200  # not Hydra's 1,100-line dump of every verl key
+    text = " ".join(proc.stdout.split())
+    assert "gdro.rollout.n_min 2 smallest count for any prompt; at least 2" in text
+    for key in ("gdro.binner.num_bins", "gdro.prompt.eta", "gdro.rollout.allocator", "gdro.dry_run"):
+        assert any(line.strip().startswith(key + " ") for line in lines), key
+    assert "--help-all" in proc.stdout

@@ -1,7 +1,8 @@
 """Launch scripts run_scripts/qwen3_<size>_<method>.sh (CPU only).
 
-The 12 scripts' dry runs (``DRY_RUN=1``: the recipe's ``gdro.dry_run=true``, which composes the
-Hydra config, runs verl's and GDRO's validation and prints the resolved config) are started
+The 12 scripts' dry runs (``DRY_RUN=config``: the recipe's ``gdro.dry_run=config``, which composes
+the Hydra config, runs verl's and GDRO's validation and prints the resolved config without
+requiring the data files; ``DRY_RUN=1`` would also require them) are started
 together in one session fixture, a few at a time, because each is a ~10 s Python process (most of
 it importing torch/verl). Everything else uses a stub interpreter (``PYTHON=<stub>``) that only
 records the command line the script would run, so it takes milliseconds.
@@ -171,15 +172,15 @@ def _needed_jobs(session) -> set:
 def dry_runs(request, tmp_path_factory):
     """Start the selected tests' dry runs at once (a few in parallel); tests pick their result."""
     tmp = tmp_path_factory.mktemp("run_scripts")
-    empty_data = tmp / "no_data"  # the dry run must not need the data files
+    empty_data = tmp / "no_data"  # a config-only dry run must not need the data files
     empty_data.mkdir()
     base = clean_env(
-        DRY_RUN="1", PYTHON=sys.executable, DATA_DIR=str(empty_data), CKPT_DIR=str(tmp / "ckpt"), LOGGER="console"
+        DRY_RUN="config", PYTHON=sys.executable, DATA_DIR=str(empty_data), CKPT_DIR=str(tmp / "ckpt"), LOGGER="console"
     )
     custom_data = tmp / "custom_data"
     write_train_parquet(custom_data / "train.parquet")
     custom_env = clean_env(
-        DRY_RUN="1",
+        DRY_RUN="config",  # 8 prompts < batch 128 and no eval files: listed, not refused
         PYTHON=sys.executable,
         MODEL_PATH="/models/my-qwen3",
         DATA_DIR=str(custom_data),
@@ -277,6 +278,7 @@ def test_environment_and_argument_overrides_win(dry_runs):
     # function the script wires (data_prep.reward_fn must report `acc`)
     assert "extra_info.index unique" in proc.stdout
     assert "acc probe: math_dapo: ['acc'" in proc.stdout
+    assert "data note    data.train_files hold 8 prompt(s)" in proc.stdout
 
 
 def test_paper_exact_reproduces_the_released_rollout_settings(dry_runs):
@@ -410,6 +412,17 @@ def test_launcher_refuses_layouts_that_do_not_divide(tmp_path, stub_python, size
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert read() is None
+
+
+def test_dry_run_modes_reach_the_recipe(tmp_path, stub_python):
+    """DRY_RUN=1 -> gdro.dry_run=true (config and data checked); DRY_RUN=config -> gdro.dry_run=config."""
+    stub, read = stub_python
+    cases = (("1", "gdro.dry_run=true"), ("true", "gdro.dry_run=true"), ("config", "gdro.dry_run=config"))
+    for value, expected in cases:
+        env = clean_env(PYTHON=str(stub), DRY_RUN=value, DATA_DIR=str(tmp_path / "nothing"), LOGGER="console")
+        proc = run_script(script_path("1.7b", "grpo"), env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert read()[-1] == expected, value
 
 
 def test_defaults_without_environment(tmp_path, stub_python):

@@ -262,14 +262,22 @@ def _read_table(path: str, columns: list[str]):
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
-        names = set(pq.read_schema(path).names)
-        return pq.read_table(path, columns=[c for c in columns if c in names])
+        try:
+            names = set(pq.read_schema(path).names)
+            return pq.read_table(path, columns=[c for c in columns if c in names])
+        except (pa.ArrowException, OSError) as e:
+            raise GDRORecipeError(
+                f"data.train_files: {path} is not a readable parquet file: {type(e).__name__}: {e}"
+            ) from None
     if path.endswith(".json") or path.endswith(".jsonl"):
         import pandas as pd
 
         frame = pd.read_json(path, lines=path.endswith(".jsonl"))
         return pa.Table.from_pandas(frame[[c for c in columns if c in frame.columns]], preserve_index=False)
-    raise GDRORecipeError(f"data.train_files: unsupported file format {path!r} (parquet, json or jsonl)")
+    raise GDRORecipeError(
+        f"data.train_files: {path} is not a parquet, json or jsonl file (verl's RLHFDataset reads those, by file "
+        "suffix); data_prep/dapo.py writes parquet"
+    )
 
 
 def prompt_ids_of_table(table, what: str) -> np.ndarray:
@@ -478,6 +486,102 @@ def validate_verl_config(config: DictConfig) -> list[str]:
     return ran
 
 
+# --------------------------------------------------------------------------------------- dry-run data
+def val_files(config: DictConfig) -> list[str]:
+    files = config.data.get("val_files", None)
+    if files is None:
+        return []
+    if isinstance(files, (list, tuple, ListConfig)):
+        return [str(f) for f in files]
+    return [str(files)]
+
+
+@dataclass
+class DataFiles:
+    """What a dry run found of ``data.train_files`` / ``data.val_files`` (local files only)."""
+
+    train_rows: int
+    train_found: list[str]
+    val_found: list[str]
+    missing: list[tuple[str, str]]  # (config key, path)
+    remote: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def count_rows(path: str, key: str) -> int:
+    """Rows of a local data file as verl's RLHFDataset reads it (parquet, json or jsonl, by suffix).
+
+    A file of another kind, or one that does not parse, is a :class:`GDRORecipeError` naming it.
+    """
+    local = _local_path(path)
+    if local.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.ParquetFile(local).metadata.num_rows
+        except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ...
+            raise GDRORecipeError(f"{key}: {path} is not a readable parquet file: {type(e).__name__}: {e}") from None
+    if local.endswith((".json", ".jsonl")):
+        import pandas as pd
+
+        try:
+            return len(pd.read_json(local, lines=local.endswith(".jsonl")))
+        except Exception as e:  # noqa: BLE001
+            raise GDRORecipeError(f"{key}: {path} is not a readable JSON file: {type(e).__name__}: {e}") from None
+    raise GDRORecipeError(
+        f"{key}: {path} is not a parquet, json or jsonl file (verl's RLHFDataset reads those, by file suffix); "
+        "data_prep/dapo.py and data_prep/eval_sets.py write parquet"
+    )
+
+
+def check_dry_run_data(config: DictConfig, *, config_only: bool) -> DataFiles:
+    """The data half of a dry run: every local training and validation file exists and is readable,
+    and the training files hold at least ``data.train_batch_size`` prompts (verl's v1 trainer drops
+    the last partial batch: with fewer prompts an epoch has no step).
+
+    ``config_only`` (``gdro.dry_run=config``) turns a missing file or a too-small training set into
+    a printed note; an unreadable or non-parquet file that exists is refused either way. Remote
+    files (``hdfs://...``) are listed, not read.
+    """
+    found = DataFiles(train_rows=0, train_found=[], val_found=[], missing=[], remote=[])
+    for key, paths in (("data.train_files", train_files(config)), ("data.val_files", val_files(config))):
+        for path in paths:
+            if not _is_local(path):
+                found.remote.append(path)
+                continue
+            if not os.path.exists(_local_path(path)):
+                found.missing.append((key, path))
+                continue
+            rows = count_rows(path, key)
+            if key == "data.train_files":
+                found.train_rows += rows
+                found.train_found.append(path)
+            else:
+                found.val_found.append(path)
+    hint = (
+        "prepare the data with `python data_prep/dapo.py --local_dir DIR` and `python data_prep/eval_sets.py "
+        "--local_dir DIR/eval`, point data.train_files / data.val_files at it, or check the configuration alone "
+        "with gdro.dry_run=config"
+    )
+    if found.missing:
+        listed = "; ".join(f"{key}: {path}" for key, path in found.missing)
+        if not config_only:
+            raise GDRORecipeError(f"missing data file(s): {listed}. {hint}")
+        found.notes.append(f"not found (config-only dry run): {listed}")
+    batch = int(config.data.train_batch_size)
+    every_train_file_read = len(found.train_found) == len(train_files(config))
+    if every_train_file_read and found.train_rows < batch:
+        message = (
+            f"data.train_files hold {found.train_rows} prompt(s) ({', '.join(found.train_found)}), fewer than "
+            f"data.train_batch_size={batch}: verl's trainer drops the partial batch, so an epoch would have no "
+            "training step"
+        )
+        if not config_only:
+            raise GDRORecipeError(f"{message}. Use more data or a smaller data.train_batch_size")
+        found.notes.append(message)
+    return found
+
+
 # --------------------------------------------------------------------------------------- all
 @dataclass
 class Prepared:
@@ -486,6 +590,7 @@ class Prepared:
     data: Optional[DataCheck]
     reward: Optional[RewardProbe]
     verl_checks: list[str]
+    files: Optional[DataFiles] = None  # set by a dry run (check_dry_run_data)
 
 
 def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks: bool = True) -> Prepared:
@@ -510,13 +615,16 @@ __all__ = [
     "build_gdro_config",
     "check_budget",
     "check_supported_modes",
+    "check_dry_run_data",
     "check_train_prompt_ids",
     "check_use_v1",
+    "count_rows",
     "gdro_runs",
     "observes_only",
     "prepare",
     "probe_reward_acc",
     "prompt_ids_of_table",
     "train_files",
+    "val_files",
     "validate_verl_config",
 ]

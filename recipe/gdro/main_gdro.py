@@ -2,6 +2,9 @@
 
     python -m recipe.gdro.main_gdro [hydra overrides]                    # train
     python -m recipe.gdro.main_gdro gdro.dry_run=true [hydra overrides]  # check + print the plan, exit
+    python -m recipe.gdro.main_gdro gdro.dry_run=config [overrides]      # the same, data files not required
+    python -m recipe.gdro.main_gdro --help                               # usage and the gdro.* keys
+    python -m recipe.gdro.main_gdro --help-all                           # Hydra's help: every verl key
 
 The Hydra config is ``recipe/gdro/config/gdro_trainer.yaml``: verl's ``ppo_trainer`` plus a
 ``gdro:`` section. Before Ray starts, :func:`recipe.gdro.checks.prepare` validates the ``gdro``
@@ -9,27 +12,42 @@ section, refuses unsupported verl modes, checks the rollout budget against the b
 mini-batch sizes, the training data's ``extra_info.index`` and that the reward reports ``acc``, and
 runs verl's own config validation. A dry run stops there and prints the resolved ``gdro``
 section, the relevant resolved verl keys and a one-screen plan; it needs no GPU, no Ray and no
-downloaded model.
+downloaded model. A dry run (``gdro.dry_run=true``) also requires the data: every local training
+and validation file must exist and be readable, and the training files must hold at least
+``data.train_batch_size`` prompts; ``gdro.dry_run=config`` checks the configuration alone (files
+that exist are still checked, missing ones are listed). A dry run composes the config without
+Hydra's job runtime, so it leaves no ``outputs/<date>/<time>/`` folder behind.
 
 Exit status: 0 on success; 2 for a setting the start-up checks refuse (unknown / mistyped ``gdro``
 key, impossible budget, unsupported verl mode, bad prompt ids, reward without ``acc``, a verl
-section its dataclass rejects); 1 when verl's ``validate_config`` (or Hydra, e.g. an override of a
-key that does not exist) fails.
+section its dataclass rejects, missing or too-small data in a dry run); 1 when verl's
+``validate_config`` (or Hydra, e.g. an override of a verl key that does not exist) fails.
 """
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import re
 import sys
+from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Optional, Sequence
 
 import hydra
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import MissingMandatoryValue
 
-from verl_ext import GDROConfigError, PromptIdError, gdro_config_to_dict
-
-from recipe.gdro.checks import GDRO_STATE_FILE, GDRORecipeError, Prepared, gdro_runs, observes_only, prepare
+from recipe.gdro.checks import (
+    GDRO_STATE_FILE,
+    GDRORecipeError,
+    Prepared,
+    check_dry_run_data,
+    gdro_runs,
+    observes_only,
+    prepare,
+)
+from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_to_dict
 
 CONFIG_MODULE = "recipe.gdro.config"
 CONFIG_NAME = "gdro_trainer"
@@ -149,6 +167,8 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
     steps = _select(config, "trainer.total_training_steps")
     epochs = _select(config, "trainer.total_epochs")
     title = "dry run (no Ray, no GPU, model not loaded)" if g.dry_run else "start-up checks passed"
+    if g.dry_run and prepared.files is not None and prepared.files.notes:
+        title = "dry run, configuration only (no Ray, no GPU, model not loaded; data not required)"
     out = ["=" * 78, f"GDRO recipe - {title}", "=" * 78]
     out.append(f"model        {model}")
     out.append(
@@ -205,8 +225,19 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
                 f"data         {d.num_rows} training prompts, extra_info.index unique, ids < {d.num_prompts} "
                 f"({', '.join(d.checked)})"
             )
+        listed = {p for _, p in prepared.files.missing} if prepared.files is not None else set()
         for path in d.not_checked:
-            out.append(f"data         NOT CHECKED (not found locally / remote): {path}; checked again at start-up")
+            if path not in listed:
+                out.append(f"data         NOT CHECKED (not found locally / remote): {path}; checked again at start-up")
+    if prepared.files is not None:
+        f = prepared.files
+        out.append(
+            f"data files   {f.train_rows} training prompts in {len(f.train_found)} file(s); "
+            f"{len(f.val_found)} validation file(s) found"
+            + (f"; remote, not read: {', '.join(f.remote)}" if f.remote else "")
+        )
+        for note in f.notes:
+            out.append(f"data note    {note}")
     if prepared.reward is not None:
         r = prepared.reward
         probed = "; ".join(f"{src}: {keys}" for src, keys in r.results.items()) or "not probed"
@@ -244,10 +275,17 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     """Check ``config``; on a dry run print the plan, otherwise train. Returns the exit status."""
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    dry = bool(OmegaConf.select(config, "gdro.dry_run", default=False))
+    try:
+        mode = dry_run_mode(config)
+    except GDRORecipeError as e:
+        print(f"gdro: error: {e}", file=stderr)
+        return 2
+    dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
     try:
         prepared = prepare(config)
+        if dry:
+            prepared.files = check_dry_run_data(config, config_only=mode == DRY_RUN_CONFIG_ONLY)
     except (GDROConfigError, GDRORecipeError, PromptIdError) as e:
         print(f"{what}: error: {e}", file=stderr)
         return 2
@@ -285,14 +323,203 @@ def main(config: DictConfig) -> None:
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
-    """Programmatic equivalent of ``python -m recipe.gdro.main_gdro ARGV`` (returns the exit status)."""
+    """Programmatic equivalent of ``python -m recipe.gdro.main_gdro ARGV`` for a dry run (or a run
+    started without Hydra's job runtime); returns the exit status."""
+    argv = list(argv or ())
     try:
-        config = compose_config(list(argv or ()))
+        config = compose_config(argv)
     except Exception as e:  # noqa: BLE001 - Hydra's own override errors (e.g. an unknown key)
-        print(f"gdro: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return report_compose_error(e, argv)
     return run_from_config(config)
 
 
-if __name__ == "__main__":
+# ----------------------------------------------------------------------------------- dry-run modes
+DRY_RUN_CONFIG_ONLY = "config"
+_FALSE = ("false", "0", "no", "off", "null", "none", "")
+_TRUE = ("true", "1", "yes", "on")
+
+
+def dry_run_mode(config: DictConfig) -> Optional[str]:
+    """``None`` (no dry run), ``"full"`` (``gdro.dry_run=true``: config and data) or ``"config"``
+    (``gdro.dry_run=config``: the configuration alone). ``config`` is normalised to
+    ``gdro.dry_run=true`` so the gdro section still validates as a boolean."""
+    value = OmegaConf.select(config, "gdro.dry_run", default=False)
+    if isinstance(value, str) and value.strip().lower() == DRY_RUN_CONFIG_ONLY:
+        with open_dict(config):
+            config.gdro.dry_run = True
+        return DRY_RUN_CONFIG_ONLY
+    if isinstance(value, str) and value.strip().lower() not in _TRUE + _FALSE:
+        raise GDRORecipeError(
+            f"gdro.dry_run={value!r}: use true (check config and data), config (the configuration alone) or false"
+        )
+    return "full" if value is True or (isinstance(value, str) and value.strip().lower() in _TRUE) else None
+
+
+def argv_dry_run(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for a dry run (the last ``gdro.dry_run=`` override wins)."""
+    found = False
+    for arg in argv:
+        m = re.fullmatch(r"\+{0,2}gdro\.dry_run=(.*)", arg)
+        if m:
+            found = m.group(1).strip().strip("'\"").lower() not in _FALSE
+    return found
+
+
+# ----------------------------------------------------------------------------------- Hydra errors
+def _unknown_key(error: BaseException) -> Optional[str]:
+    """The full key of an override Hydra refused because the key does not exist, if that is why."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = error
+    while cause is not None:
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
+            return str(cause.full_key)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def did_you_mean(full_key: str, base: Optional[DictConfig] = None) -> str:
+    """``"; did you mean n_min?"`` for the closest existing sibling of ``full_key`` ("" if none)."""
+    parent, _, name = full_key.rpartition(".")
+    base = compose_config([]) if base is None else base
+    node = OmegaConf.select(base, parent, default=None) if parent else base
+    if not isinstance(node, DictConfig):
+        return ""
+    close = difflib.get_close_matches(name, [str(k) for k in node.keys()], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def report_compose_error(error: BaseException, argv: Sequence[str], stream=None) -> int:
+    """Print a Hydra composition error; an unknown ``gdro.*`` key exits 2 naming it, others 1."""
+    stream = stream or sys.stderr
+    key = _unknown_key(error)
+    if key is not None:
+        try:
+            hint = did_you_mean(key)
+        except Exception:  # noqa: BLE001 - the hint is a courtesy; never hide the real error
+            hint = ""
+        if key.startswith("gdro."):
+            print(
+                f"gdro: error: unknown key {key}{hint} (python -m recipe.gdro.main_gdro --help lists them)", file=stream
+            )
+            return 2
+        print(f"gdro: error: unknown key {key}{hint} (Hydra: {error}; `+{key}=...` adds a new key)", file=stream)
+        return 1
+    print(f"gdro: error: {type(error).__name__}: {error}", file=stream)
+    return 1
+
+
+# ----------------------------------------------------------------------------------- --help
+USAGE = """usage: python -m recipe.gdro.main_gdro [KEY=VALUE ...]
+
+Trains with verl 0.9.1's v1 trainer plus GDRO (config: recipe/gdro/config/gdro_trainer.yaml, verl's
+ppo_trainer with a gdro: section). Every argument is a Hydra override, e.g.
+  gdro.rollout.enable=true data.train_files=~/data/dapo/train.parquet trainer.n_gpus_per_node=8
+
+  gdro.dry_run=true     check config and data (files exist, >= data.train_batch_size prompts, prompt
+                        ids, reward reports acc), print the plan and the resolved keys, exit;
+                        no Ray, no GPU, no model download
+  gdro.dry_run=config   the same, without requiring the data files
+  --help-all            Hydra's help with every verl key (~1,100 lines)
+  --hydra-help          Hydra's own options (--cfg, --multirun, ...)
+
+Exit status: 0 ok; 2 a setting or data file the checks refuse (named in the message);
+1 verl's validation or Hydra fails.
+"""
+
+
+def _attribute_docs(cls) -> dict[str, str]:
+    """``name -> text`` from the ``Attributes:`` section of a (Google-style) class docstring."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    out: dict[str, str] = {}
+    lines = doc.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+    except StopIteration:
+        return out
+    current = None
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break  # the next section
+        m = re.match(r"^ {4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2).strip()
+        elif current and line.strip():
+            out[current] += " " + line.strip()
+    # reST markup -> plain text: :mod:`x` -> x, ``x`` -> x
+    return {k: re.sub(r":\w+:`([^`]*)`", r"\1", v).replace("``", "") for k, v in out.items()}
+
+
+def _default(f) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return "???"
+
+
+def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str, str]]:
+    """``(key, default, meaning)`` for every leaf of the gdro section, from the dataclasses."""
+    docs = _attribute_docs(cls)
+    rows = []
+    for f in fields(cls):
+        key = f"{prefix}.{f.name}"
+        default = _default(f)
+        if is_dataclass(default):
+            rows.extend(gdro_keys_help(type(default), key))
+            continue
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        rows.append((key, shown, docs.get(f.name, "")))
+    return rows
+
+
+def format_help(width: int = 100) -> str:
+    import textwrap
+
+    rows = gdro_keys_help()
+    key_w = max(len(k) for k, _, _ in rows)
+    def_w = min(max(len(d) for _, d, _ in rows), 14)
+    out = [USAGE, "gdro: keys (default, meaning):"]
+    indent = " " * (2 + key_w + 2 + def_w + 2)
+    for key, default, meaning in rows:
+        head = f"  {key:<{key_w}}  {default:<{def_w}}  "
+        text = textwrap.fill(meaning or "-", width=width, initial_indent=head, subsequent_indent=indent)
+        out.append(text)
+    out.append("")
+    out.append("The recipe's YAML: recipe/gdro/config/gdro_trainer.yaml; every verl key: --help-all")
+    return "\n".join(out)
+
+
+def entry(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line: ``--help`` is ours; dry runs compose the config without Hydra's job runtime
+    (no ``outputs/`` folder); a training run goes through ``@hydra.main`` as in verl. Unknown keys
+    are reported before Hydra starts (exit 2 for ``gdro.*``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("--help", "-h") for a in argv):
+        try:
+            print(format_help())
+        except BrokenPipeError:  # `--help | head`
+            pass
+        return 0
+    if "--help-all" in argv:
+        sys.argv = [sys.argv[0], *["--help" if a == "--help-all" else a for a in argv]]
+        main()
+        return 0
+    if any(a.startswith("-") for a in argv):  # Hydra's own flags (--cfg, --multirun, ...): Hydra's job
+        sys.argv = [sys.argv[0], *argv]
+        main()
+        return 0
+    if argv_dry_run(argv):
+        return cli(argv)
+    try:
+        compose_config(argv)  # fail fast, with our message, on an unknown key
+    except Exception as e:  # noqa: BLE001
+        return report_compose_error(e, argv)
+    sys.argv = [sys.argv[0], *argv]
     main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

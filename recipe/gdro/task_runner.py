@@ -1,3 +1,19 @@
+# Copyright 2024 Bytedance Ltd. and/or its affiliates
+# Copyright 2026 the verl-gdro authors (modifications: the GDRO trainer class selection)
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+#
+# Adapted from verl 0.9.1's TaskRunnerV1 (verl/trainer/main_ppo.py).
 """The recipe's Ray TaskRunner, modelled on verl 0.9.1's ``TaskRunnerV1`` (verl/trainer/main_ppo.py).
 
 The only difference is the trainer class: ``trainer.v1.trainer_mode=sync`` runs

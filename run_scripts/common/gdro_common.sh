@@ -46,7 +46,9 @@
 #   LOGPROB_MICRO_BSZ_PER_GPU, PPO_MAX_TOKEN_LEN_PER_GPU, LOGPROB_MAX_TOKEN_LEN_PER_GPU
 #                     the per-size hardware layout (see gdro_size_profile)
 #   DRY_RUN=1         append gdro.dry_run=true: compose + validate the exact config of the real
-#                     launch and print it, on a CPU-only machine (no Ray, GPU, data or model)
+#                     launch and its data files, and print it, on a CPU-only machine (no Ray, GPU
+#                     or model); DRY_RUN=config appends gdro.dry_run=config: the configuration
+#                     alone, the data files need not exist yet
 #   PREFLIGHT=1       run python -m recipe.gdro.preflight with the exact same overrides instead of
 #                     training: the start-up checks, the attention kernel, the code on every Ray node,
 #                     and vLLM on the model for one prompt with two per-prompt rollout counts (about a
@@ -54,6 +56,9 @@
 #   PYTHON            interpreter                  default python3
 
 GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# gdro_activate_venv: use <repo>/.venv (setup_env.sh's) when present and no venv is active.
+# shellcheck source=activate_venv.sh
+source "$GDRO_ROOT/run_scripts/common/activate_venv.sh"
 
 # The seven evaluation sets of Table 1, named as data_prep/eval_sets.py writes them
 # (<VAL_DIR>/<name>.parquet). verl reports val-core/<name>/acc/mean@8 per set.
@@ -424,10 +429,14 @@ gdro_launch() {
   # The user's own Hydra overrides come last, so they win.
   GDRO_OVERRIDES+=("$@")
 
-  local dry=0 preflight=0
-  gdro_is_true "${DRY_RUN:-0}" && dry=1
+  local dry=0 dry_value=true preflight=0
+  if [[ "${DRY_RUN:-0}" == config ]]; then
+    dry=1 dry_value=config
+  elif gdro_is_true "${DRY_RUN:-0}"; then
+    dry=1
+  fi
   gdro_is_true "${PREFLIGHT:-0}" && preflight=1
-  ((dry && preflight)) && gdro_die "DRY_RUN=1 and PREFLIGHT=1 are exclusive: the dry run checks the config on any machine, the preflight checks a GPU node"
+  ((dry && preflight)) && gdro_die "DRY_RUN and PREFLIGHT=1 are exclusive: the dry run checks the config on any machine, the preflight checks a GPU node"
   # A local model directory must be a model (an HF id has no leading / . ~).
   if [[ "$model_path" == /* || "$model_path" == .* || "$model_path" == "~"* ]] && ! ((dry)); then
     local model_dir
@@ -437,7 +446,7 @@ gdro_launch() {
     gdro_log "HF_HUB_OFFLINE=1: $model_path must already be in the hub cache of every node (forwarded to all Ray workers)"
   fi
   if ((dry)); then
-    GDRO_OVERRIDES+=(gdro.dry_run=true)
+    GDRO_OVERRIDES+=("gdro.dry_run=$dry_value")
   else
     # Fail before Ray starts rather than minutes into worker start-up (files given as arguments
     # are the recipe's to check).
@@ -455,13 +464,14 @@ gdro_launch() {
       gdro_die "missing data file(s): ${missing[*]}
   prepare them with:  python data_prep/dapo.py --local_dir $data_dir
                       python data_prep/eval_sets.py --local_dir $val_dir
-  or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=1 checks the config without data)."
+  or point DATA_DIR / TRAIN_FILE / VAL_DIR at them (DRY_RUN=config checks the config without data)."
     fi
     if ((nnodes > 1)) && command -v ray >/dev/null 2>&1 && ! ray status >/dev/null 2>&1; then
       gdro_die "NNODES=$nnodes needs a running Ray cluster: 'ray start --head' on this node and 'ray start --address=<head>:6379' on the others (see docs/cluster.md, "Multi-node"), or set RAY_ADDRESS"
     fi
   fi
 
+  gdro_activate_venv "$GDRO_ROOT"
   local python="${PYTHON:-python3}"
   # Make the repository importable on this node even if it is not pip-installed; Ray workers on
   # every node get it through the job's runtime_env (py_modules, see recipe/gdro/cluster.py).
