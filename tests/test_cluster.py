@@ -162,7 +162,8 @@ def test_offline_hub_flags_are_forwarded_to_workers():
 
 
 def test_dry_run_shows_the_shipped_modules(capsys, data):
-    layout = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    layout = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+              "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
     code, out, err = run_cli(capsys, paper_overrides(data) + layout + [SDPA])
     assert code == 0, err
     assert "workers      Ray runtime_env py_modules ships recipe, verl_ext, data_prep to every node" in out
