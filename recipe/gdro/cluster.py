@@ -85,8 +85,9 @@ def check_attention(config: DictConfig, *, strict: bool) -> AttentionCheck:
         raise GDRORecipeError(
             f"{ATTN_KEY}={impl}{default}: the actor and reference models are loaded with this attention "
             f"implementation, and its package `{module}` cannot be imported here ({check.error}). "
-            "Install it (pip install -e '.[gpu]' installs flash-attn 2.8.3 through verl's "
-            "flash-attn-cu130torch211 extra), or fall back to PyTorch SDPA with the override "
+            "Install it (the `gpu` extra: flash-attn 2.8.3 through verl's flash-attn-cu130torch211 extra, "
+            "built against the installed torch; docs/cluster.md, Install), or fall back to PyTorch SDPA with "
+            "the override "
             f"{SDPA_OVERRIDE} (launch scripts: ATTN_IMPLEMENTATION=sdpa)"
         )
     return check
