@@ -97,7 +97,7 @@ def test_dry_run_reports_attention_on_cpu_and_refuses_it_where_cuda_is(capsys, d
     assert code == 2 and "attn_implementation=flash_attention_2" in err
 
 
-def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
+def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not(monkeypatch):
     """setup.py: `gpu` = verl's vllm + flash-attn extras (verl 0.9.1 METADATA); base install has neither."""
     import email
 
@@ -109,6 +109,7 @@ def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
     flash = [r for r in meta.get_all("Requires-Dist") if r.startswith("flash-attn") and "flash-attn-cu130torch211" in r]
     assert flash and flash[0].startswith("flash-attn==2.8.3")
 
+    monkeypatch.chdir(REPO)  # setup.py reads README.md relative to the repository
     src = (REPO / "setup.py").read_text()
     namespace: dict = {}
     exec(compile(src.replace("setup(", "SETUP_KWARGS = dict(", 1), "setup.py", "exec"), namespace)
