@@ -11,17 +11,18 @@ With a verl you manage yourself (a source checkout, your cluster's image)::
 
     pip install --no-deps -e .         # installs only this package; see REQUIRED_VERL.txt
 
-Install on a GPU cluster::
+Install on a GPU cluster (two steps: flash-attn builds against the torch installed first)::
 
-    pip install -e ".[gpu]"            # verl[vllm,flash-attn-cu130torch211]==0.9.1
+    pip install "verl[vllm]==0.9.1"                  # torch 2.11 + vLLM 0.24
+    pip install --no-build-isolation -e ".[gpu]"     # + flash-attn 2.8.3 (verl[flash-attn-cu130torch211])
 
 The ``gpu`` extra is what verl 0.9.1 itself declares for FSDP + vLLM: its ``vllm`` extra (torch
 2.11, vLLM 0.24, verl-core) and its ``flash-attn-cu130torch211`` extra (flash-attn 2.8.3), which
 verl's FSDP engine needs because it loads the actor and reference with ``flash_attention_2`` by
-default. It is never installed on CPU (a CPU install is ``.[test]`` only). If pip has to build
-flash-attn from source, install it afterwards against the installed torch with
-``pip install flash-attn==2.8.3 --no-build-isolation``, or run with
-``++actor_rollout_ref.model.override_config.attn_implementation=sdpa`` (docs/cluster.md).
+default. Through pip that extra resolves to flash-attn's PyPI sdist, whose build imports torch
+(hence torch first and ``--no-build-isolation``); verl's uv install maps it to a prebuilt wheel
+instead. It is never installed on CPU (a CPU install is ``.[test]`` only). Without flash-attn, run
+with ``++actor_rollout_ref.model.override_config.attn_implementation=sdpa`` (docs/cluster.md).
 """
 
 from pathlib import Path

@@ -97,7 +97,7 @@ def test_dry_run_reports_attention_on_cpu_and_refuses_it_where_cuda_is(capsys, d
     assert code == 2 and "attn_implementation=flash_attention_2" in err
 
 
-def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
+def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not(monkeypatch):
     """setup.py: `gpu` = verl's vllm + flash-attn extras (verl 0.9.1 METADATA); base install has neither."""
     import email
 
@@ -109,6 +109,7 @@ def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not():
     flash = [r for r in meta.get_all("Requires-Dist") if r.startswith("flash-attn") and "flash-attn-cu130torch211" in r]
     assert flash and flash[0].startswith("flash-attn==2.8.3")
 
+    monkeypatch.chdir(REPO)  # setup.py reads README.md relative to the repository
     src = (REPO / "setup.py").read_text()
     namespace: dict = {}
     exec(compile(src.replace("setup(", "SETUP_KWARGS = dict(", 1), "setup.py", "exec"), namespace)
@@ -162,13 +163,17 @@ def test_offline_hub_flags_are_forwarded_to_workers():
 
 
 def test_dry_run_shows_the_shipped_modules(capsys, data):
-    code, out, err = run_cli(capsys, paper_overrides(data) + [SDPA])
+    layout = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+              "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    code, out, err = run_cli(capsys, paper_overrides(data) + layout + [SDPA])
     assert code == 0, err
     assert "workers      Ray runtime_env py_modules ships recipe, verl_ext, data_prep to every node" in out
     line = next(x for x in out.splitlines() if x.startswith("ray_kwargs.ray_init.runtime_env.py_modules:"))
     assert f"{REPO}/recipe" in line and f"{REPO}/verl_ext" in line and f"{REPO}/data_prep" in line
     assert "transfer_queue.backend.SimpleStorage.num_data_storage_units: 8" in out
     assert "needs >= 10 Ray CPUs" in out
+    # the paper's 8B layout on one node: the KV-cache estimate of docs/cluster.md
+    assert "kv cache     ~537k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
 
 
 # ----------------------------------------------------------------------------------- TransferQueue
@@ -253,3 +258,46 @@ def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
 
     bad = compose_config(base + ["gdro.rollout.n_max=1"])
     assert preflight.run_preflight(bad) == 2  # a start-up check refuses before anything else
+
+
+# ----------------------------------------------------------------------------------- KV-cache estimate
+def _paper(size: str, tp: int, gmu: float, *extra: str):
+    return compose_config([
+        f"actor_rollout_ref.model.path=Qwen/Qwen3-{size}-Base", "data.train_batch_size=256",
+        "data.max_prompt_length=3200", "data.max_response_length=4096", "trainer.n_gpus_per_node=8",
+        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={gmu}", *extra,
+    ])
+
+
+def test_kv_cache_estimate_matches_the_documented_arithmetic():
+    # parameter counts of the three models from their shapes: 1.72B / 4.02B / 8.19B
+    assert [round(cluster.approx_params(cluster.KNOWN_MODELS[f"Qwen/Qwen3-{s}-Base"]) / 1e9, 2)
+            for s in ("1.7B", "4B", "8B")] == [1.72, 4.02, 8.19]
+    e = cluster.kv_cache_estimate(_paper("8B", 2, 0.6))
+    assert e.bytes_per_token_per_gpu == 2 * 36 * 8 * 128 * 2 / 2  # 72 KiB
+    assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 3.0, abs=0.01)
+    assert e.tokens_per_replica == pytest.approx(537e3, rel=0.01)
+    assert (e.replicas, e.sequences_per_replica, e.worst_case_tokens_per_replica) == (4, 256, 256 * 7296)
+    assert "vLLM queues what does not fit" in e.line(0.6)
+    assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(461e3, rel=0.01)
+    assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(298e3, rel=0.01)
+    # short sequences fit
+    small = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "data.max_prompt_length=512",
+                                             "data.max_response_length=1024"))
+    assert small.line(0.6).endswith("fits")
+    # more memory, more cache
+    assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6), gpu_gib=139.8).tokens_per_replica > 1e6
+
+
+def test_kv_cache_estimate_reads_a_local_model_and_skips_unknown_ones(tmp_path):
+    import json
+
+    model = tmp_path / "my-qwen"
+    model.mkdir()
+    shape = dict(cluster.KNOWN_MODELS["Qwen/Qwen3-8B-Base"])
+    shape.pop("head_dim")  # derived as hidden_size / heads when absent
+    (model / "config.json").write_text(json.dumps(shape))
+    local = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, f"actor_rollout_ref.model.path={model}"))
+    assert local.tokens_per_replica == pytest.approx(cluster.kv_cache_estimate(_paper("8B", 2, 0.6)).tokens_per_replica)
+    assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.model.path=org/unknown")) is None

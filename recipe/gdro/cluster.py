@@ -85,8 +85,9 @@ def check_attention(config: DictConfig, *, strict: bool) -> AttentionCheck:
         raise GDRORecipeError(
             f"{ATTN_KEY}={impl}{default}: the actor and reference models are loaded with this attention "
             f"implementation, and its package `{module}` cannot be imported here ({check.error}). "
-            "Install it (pip install -e '.[gpu]' installs flash-attn 2.8.3 through verl's "
-            "flash-attn-cu130torch211 extra), or fall back to PyTorch SDPA with the override "
+            "Install it (the `gpu` extra: flash-attn 2.8.3 through verl's flash-attn-cu130torch211 extra, "
+            "built against the installed torch; docs/cluster.md, Install), or fall back to PyTorch SDPA with "
+            "the override "
             f"{SDPA_OVERRIDE} (launch scripts: ATTN_IMPLEMENTATION=sdpa)"
         )
     return check
@@ -236,6 +237,115 @@ def check_group_sizes(scheduled: Mapping[Any, int], realised_keys: Sequence[Any]
 
 
 
+# --------------------------------------------------------------------------------------- KV cache
+# Shapes from the models' config.json (hidden_size, intermediate_size, num_hidden_layers,
+# num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings).
+KNOWN_MODELS = {
+    "Qwen/Qwen3-1.7B-Base": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                                 tie_word_embeddings=True),
+    "Qwen/Qwen3-4B-Base": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                               tie_word_embeddings=True),
+    "Qwen/Qwen3-8B-Base": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                               tie_word_embeddings=False),
+}
+ASSUMED_GPU_GIB = 79.2  # an "80 GB" A100 / H100 as torch reports it
+NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers (no CUDA graphs)
+GIB = 2**30
+
+
+def model_shape(model_path: str) -> Optional[dict]:
+    """The model's config.json fields the estimate needs: a local directory's, else a known hub id's."""
+    local = os.path.join(os.path.expanduser(model_path), "config.json")
+    if os.path.isfile(local):
+        import json
+
+        with open(local) as f:
+            cfg = json.load(f)
+        cfg = cfg.get("text_config", cfg)
+        try:
+            return {k: cfg[k] for k in KNOWN_MODELS["Qwen/Qwen3-8B-Base"] if k not in ("head_dim",)} | {
+                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            }
+        except KeyError:
+            return None
+    return KNOWN_MODELS.get(model_path)
+
+
+def approx_params(shape: Mapping[str, Any]) -> int:
+    """Dense decoder parameter count: embeddings (x2 if untied) + per layer q/k/v/o and a gated MLP."""
+    h, hd = shape["hidden_size"], shape["head_dim"]
+    attn = h * shape["num_attention_heads"] * hd * 2 + h * shape["num_key_value_heads"] * hd * 2
+    mlp = 3 * h * shape["intermediate_size"]
+    emb = shape["vocab_size"] * h * (1 if shape["tie_word_embeddings"] else 2)
+    return emb + shape["num_hidden_layers"] * (attn + mlp)
+
+
+@dataclass
+class KVEstimate:
+    tokens_per_replica: float
+    bytes_per_token_per_gpu: float
+    weights_gib_per_gpu: float
+    kv_gib_per_gpu: float
+    gpu_gib: float
+    replicas: int
+    sequences_per_replica: float
+    max_seq_len: int
+
+    @property
+    def worst_case_tokens_per_replica(self) -> float:
+        return self.sequences_per_replica * self.max_seq_len
+
+    def line(self, gmu: float) -> str:
+        return (
+            f"kv cache     ~{self.tokens_per_replica / 1e3:.0f}k tokens per vLLM replica (estimate: {gmu} x "
+            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {NON_KV_OVERHEAD_GIB:g} GiB "
+            f"overhead, at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs {self.sequences_per_replica:g} "
+            f"sequences x {self.max_seq_len} tokens = {self.worst_case_tokens_per_replica / 1e6:.2f}M per replica "
+            f"if all ran to the limit ({self.replicas} replicas): "
+            + ("fits" if self.tokens_per_replica >= self.worst_case_tokens_per_replica
+               else "vLLM queues what does not fit (docs/cluster.md)")
+        )
+
+
+def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Optional[KVEstimate]:
+    """vLLM's KV-cache capacity per replica, and what a step would need if every sequence ran to the limit.
+
+    tokens = (gpu_memory_utilization x GPU memory - bf16 weights / TP - overhead) / (KV bytes per token / TP),
+    KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes. None for an unknown model.
+    """
+    shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")))
+    if shape is None:
+        return None
+    rollout = config.actor_rollout_ref.rollout
+    tp = int(rollout.tensor_model_parallel_size)
+    gmu = float(rollout.gpu_memory_utilization)
+    gpu_gib = gpu_gib or ASSUMED_GPU_GIB
+    per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2 / tp
+    weights = approx_params(shape) * 2 / tp / GIB
+    kv_gib = gmu * gpu_gib - weights - NON_KV_OVERHEAD_GIB
+    n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
+    replicas = max(n_gpus // tp, 1)
+    rows = int(config.data.train_batch_size) * int(rollout.n)
+    seq = int(rollout.prompt_length) + int(rollout.response_length)
+    return KVEstimate(max(kv_gib, 0) * GIB / per_token, per_token, weights, kv_gib, gpu_gib, replicas,
+                      rows / replicas, seq)
+
+
+def _local_gpu_gib() -> Optional[float]:
+    """This node's GPU memory (GiB) when CUDA is visible, else None (the estimate assumes 80 GB cards)."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
 # --------------------------------------------------------------------------------------- start-up
 @dataclass
 class ClusterPlan:
@@ -244,6 +354,7 @@ class ClusterPlan:
     shipped: list[str]
     tq_units: Optional[int]
     forwarded_env: Optional[dict] = None
+    kv_line: str = ""
 
     def lines(self) -> list[str]:
         out = [f"attention    {ATTN_KEY.split('.', 1)[1]} = {self.attention.describe()}"]
@@ -262,6 +373,8 @@ class ClusterPlan:
         if self.forwarded_env:
             pairs = ", ".join(f"{k}={v}" for k, v in self.forwarded_env.items())
             out.append(f"             runtime_env env_vars forwards {pairs} to every worker")
+        if self.kv_line:
+            out.append(self.kv_line)
         if self.tq_units is not None:
             out.append(
                 f"transferq    SimpleStorage with {self.tq_units} storage unit(s): needs >= "
@@ -276,7 +389,15 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, s
     attention = check_attention(config, strict=required)
     shipped = ship_code_to_workers(config, environ)
     forwarded = forward_offline_env(config, environ)
-    return ClusterPlan(attention, required, shipped, tq_storage_units(config), forwarded)
+    kv_line = ""
+    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm":
+        try:
+            estimate = kv_cache_estimate(config, gpu_gib=_local_gpu_gib())
+        except Exception:  # noqa: BLE001 - an estimate must never stop a launch
+            estimate = None
+        if estimate is not None:
+            kv_line = estimate.line(float(config.actor_rollout_ref.rollout.gpu_memory_utilization))
+    return ClusterPlan(attention, required, shipped, tq_storage_units(config), forwarded, kv_line)
 
 
 __all__ = [
@@ -285,6 +406,7 @@ __all__ = [
     "ClusterPlan",
     "FORWARDED_ENV",
     "GroupSizeReport",
+    "KVEstimate",
     "PY_MODULES_KEY",
     "SDPA_OVERRIDE",
     "SHIPPED_PACKAGES",
@@ -296,6 +418,8 @@ __all__ = [
     "cluster_checks",
     "configured_attn_implementation",
     "forward_offline_env",
+    "kv_cache_estimate",
+    "model_shape",
     "package_dir",
     "ship_code_to_workers",
     "tq_cpus_needed",

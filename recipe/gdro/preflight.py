@@ -96,7 +96,7 @@ def require_gpu_and_vllm() -> None:
         import vllm  # noqa: F401
     except Exception as e:  # noqa: BLE001
         raise PreflightError(
-            f"vllm cannot be imported ({type(e).__name__}: {e}): install the GPU extra, pip install -e '.[gpu]'"
+            f"vllm cannot be imported ({type(e).__name__}: {e}): install the GPU extra (docs/cluster.md, Install)"
         ) from None
 
 

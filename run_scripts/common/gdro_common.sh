@@ -34,7 +34,7 @@
 #   MAX_CKPT_TO_KEEP  keep the newest N ckpts      default 2 (verl's trainer.max_actor_ckpt_to_keep);
 #                                                  0 = keep all
 #   ATTN_IMPLEMENTATION  actor/ref attention       default unset = verl's flash_attention_2 (needs the
-#                                                  flash-attn package, `pip install -e .[gpu]`); sdpa needs
+#                                                  flash-attn package: docs/cluster.md, Install); sdpa needs
 #                                                  only torch (sets ++actor_rollout_ref.model.override_config
 #                                                  .attn_implementation)
 #   TQ_STORAGE_UNITS  TransferQueue storage units  default 8 (verl's default): Ray then needs >= 10 CPUs
