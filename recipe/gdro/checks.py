@@ -559,7 +559,7 @@ def check_dry_run_data(config: DictConfig, *, config_only: bool) -> DataFiles:
             else:
                 found.val_found.append(path)
     hint = (
-        "prepare the data with `python data_prep/dapo.py --local_dir DIR` and `python data_prep/eval_sets.py "
+        "Prepare the data with `python data_prep/dapo.py --local_dir DIR` and `python data_prep/eval_sets.py "
         "--local_dir DIR/eval`, point data.train_files / data.val_files at it, or check the configuration alone "
         "with gdro.dry_run=config"
     )
