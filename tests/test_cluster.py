@@ -28,7 +28,7 @@ NO_FLASH = importlib.util.find_spec("flash_attn") is None
 
 @pytest.fixture
 def data(tmp_path) -> Path:
-    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 42)))))
+    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 266)))))  # >= data.train_batch_size (256): the dry run checks it
 
 
 def run_cli(capsys, argv):
@@ -112,6 +112,7 @@ def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not(monkeypatc
     monkeypatch.chdir(REPO)  # setup.py reads README.md relative to the repository
     src = (REPO / "setup.py").read_text()
     namespace: dict = {}
+    namespace["__file__"] = str(REPO / "setup.py")  # setup.py reads REQUIRED_VERL.txt beside itself
     exec(compile(src.replace("setup(", "SETUP_KWARGS = dict(", 1), "setup.py", "exec"), namespace)
     kwargs = namespace["SETUP_KWARGS"]
     gpu = kwargs["extras_require"]["gpu"]
@@ -126,7 +127,10 @@ def test_ship_code_adds_the_three_packages_to_the_ray_runtime_env():
     added = cluster.ship_code_to_workers(config, environ={})
     assert [Path(p).name for p in added] == ["recipe", "verl_ext", "data_prep"]
     for p in added:
-        assert (Path(p) / "__init__.py").exists() and Path(p).parent == REPO
+        assert Path(p).parent == REPO
+    # regular packages, except the namespace package recipe, whose portion holding recipe/gdro is shipped
+    assert (Path(added[0]) / "gdro" / "__init__.py").exists()
+    assert all((Path(p) / "__init__.py").exists() for p in added[1:])
     modules = OmegaConf.to_container(config.ray_kwargs.ray_init.runtime_env.py_modules)
     assert modules == ["/opt/mine", *added]  # the user's entry kept, first
     assert cluster.ship_code_to_workers(config, environ={}) == []  # idempotent
@@ -140,13 +144,13 @@ def test_ship_code_adds_the_three_packages_to_the_ray_runtime_env():
     assert OmegaConf.select(other, cluster.PY_MODULES_KEY, default=None) is None
 
 
-def test_recipe_resolving_to_transfer_queues_namespace_is_refused(monkeypatch):
+def test_recipe_resolving_only_to_other_namespace_portions_is_refused(monkeypatch):
     import types
 
     fake = types.ModuleType("recipe")
     fake.__path__ = ["/site-packages/recipe"]  # a namespace package has no __file__
     monkeypatch.setitem(sys.modules, "recipe", fake)
-    with pytest.raises(GDRORecipeError, match="namespace package"):
+    with pytest.raises(GDRORecipeError, match="none of which is this repository's"):
         cluster.package_dir("recipe")
 
 
