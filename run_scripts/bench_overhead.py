@@ -168,10 +168,10 @@ class InProcessStore:
                     values = col.tolist()
                 else:
                     values = col.unbind(0)
-                for key, value in zip(keys, values):
+                for key, value in zip(keys, values, strict=True):
                     self.rows.setdefault((partition_id, key), {})[name] = value
         if tags is not None:
-            for key, tag in zip(keys, tags):
+            for key, tag in zip(keys, tags, strict=True):
                 self.tags[(partition_id, key)] = dict(tag)
         return KVBatchMeta(
             keys=keys, tags=[self.tags.get((partition_id, k), {}) for k in keys], partition_id=partition_id
@@ -279,7 +279,7 @@ def simulate_rollout(store: InProcessStore, batch, n_mean: int, T: int, step: in
     counts = [int(n) for n in list(batch["__rollout_n__"])] if "__rollout_n__" in batch.keys() else [n_mean] * len(ids)
     keys, cols, tags = [], {k: [] for k in ("prompts", "responses", "response_mask", "rm_scores", "num_turns",
                                              "uid", "extra_fields")}, []
-    for uid, pid, n in zip(uids, ids, counts):
+    for uid, pid, n in zip(uids, ids, counts, strict=True):
         for s in range(n):
             rng = np.random.default_rng([pid, s, step])
             length = int(rng.integers(1, T + 1)) if s else T  # every group has a full-length response
@@ -366,7 +366,7 @@ def bench_recipe(B: int, n_mean: int, T: int, steps: int, warm: int, seed: int) 
             continue
         for kind, name in (("cpu", "recipe_over_grpo"), ("wall", "recipe_over_grpo_wall")):
             # per step, paired with plain verl's same step; the median over steps
-            ratios = [t[kind]["total"] / p[kind]["total"] - 1.0 for t, p in zip(ts, plain)]
+            ratios = [t[kind]["total"] / p[kind]["total"] - 1.0 for t, p in zip(ts, plain, strict=True)]
             result.setdefault(name, {})[variant] = med(ratios)
         # the recipe's own timer (gdro/recipe/driver_ms) over plain verl's wall time: the least noisy figure
         result.setdefault("recipe_driver_over_grpo", {})[variant] = (

@@ -9,7 +9,11 @@ writes trajectories) and verl's reward path ending in ``math_dapo`` on the scrip
 
 Checked against an independent replay: a shadow :class:`verl_ext.GDROController` fed the same
 prompt ids and outcomes must schedule the same counts and produce the weights by which verl's GRPO
-advantages (recomputed with ``core_algos.compute_grpo_outcome_advantage``) are scaled.
+advantages (recomputed with ``core_algos.compute_grpo_outcome_advantage``) are scaled, and verl
+must put the advantages once per step (Prompt-GDRO scales them inside verl's advantage stage).
+Also: a rollout worker ignoring ``__rollout_n__`` stops the run; failed sessions are counted; the
+custom reward ``pkg://data_prep.reward_fn`` scores math and GPQA; validation lines reach the
+metrics file and give a Table-1 row.
 """
 
 from __future__ import annotations

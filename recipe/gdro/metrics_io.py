@@ -166,7 +166,7 @@ def validation_pass_at_k(
             f"validation_pass_at_k: {len(data_sources)} data sources, {len(sample_uids)} uids, {len(acc)} acc values"
         )
     outcomes: dict[str, dict[str, list[bool]]] = {}
-    for source, uid, value in zip(data_sources, sample_uids, acc):
+    for source, uid, value in zip(data_sources, sample_uids, acc, strict=True):
         if value is None:
             continue
         outcomes.setdefault(str(source), {}).setdefault(str(uid), []).append(float(value) > 0)
