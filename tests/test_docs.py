@@ -1,0 +1,56 @@
+"""The README's `gdro.*` reference is the dataclasses' truth: every key, and its default."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import yaml
+
+from verl_ext.config import GDROConfig
+
+REPO = Path(__file__).resolve().parents[1]
+ROW = re.compile(r"^\| `(gdro\.[a-z_.]+)` \| `([^`]*)` \|")
+
+
+def dataclass_defaults() -> dict[str, object]:
+    out: dict[str, object] = {}
+    cfg = GDROConfig()
+    for field in dataclasses.fields(cfg):
+        value = getattr(cfg, field.name)
+        if dataclasses.is_dataclass(value):
+            for sub in dataclasses.fields(value):
+                out[f"gdro.{field.name}.{sub.name}"] = getattr(value, sub.name)
+        else:
+            out[f"gdro.{field.name}"] = value
+    return out
+
+
+def readme_table() -> dict[str, object]:
+    rows = {}
+    for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines():
+        m = ROW.match(line)
+        if m:
+            assert m.group(1) not in rows, f"README lists {m.group(1)} twice"
+            rows[m.group(1)] = yaml.safe_load(m.group(2))
+    return rows
+
+
+def test_readme_gdro_reference_lists_every_key_with_its_default():
+    expected = dataclass_defaults()
+    documented = readme_table()
+    assert sorted(documented) == sorted(expected), (
+        f"missing from README: {sorted(set(expected) - set(documented))}; "
+        f"not a config key: {sorted(set(documented) - set(expected))}"
+    )
+    wrong = {k: (documented[k], v) for k, v in expected.items() if documented[k] != v}
+    assert not wrong, f"README default differs from verl_ext/config.py (README, code): {wrong}"
+
+
+def test_readme_links_to_docs_that_exist():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    for target in re.findall(r"\]\(((?:docs/)?[A-Za-z_./-]+\.(?:md|txt|bib))(?:#[^)]*)?\)", text):
+        assert (REPO / target).exists(), f"README links to {target}, which is not in the repository"
+    for name in ("LICENSE",):
+        assert (REPO / name).exists()
