@@ -271,6 +271,7 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
         _log_axis(ax, "x")
+        ax.set_xticks(sorted(set(LR_GRID + GRPO_EXTRA)))  # label exactly the grid points
         ax.set_xlabel("lr multiplier (× scenario lr)")
         ax.set_ylabel("final held-out mean accuracy (%)")
         ax.set_title(sname, fontsize=9)
@@ -464,7 +465,10 @@ def study(
         "",
         *outcome_head,
         "",
-        "## Equal advantage mass: every method at tuned GRPO's lr, prompt.normalize=advantage_mass (Δ vs tuned GRPO)",
+        "## Equal step size: every method at tuned GRPO's lr, Prompt-GDRO mass-normalised (Δ vs tuned GRPO)",
+        "",
+        "prompt.normalize=advantage_mass keeps Σ|A·m| = Σ|A| for the methods with Prompt-GDRO; the Rollout-GDRO-only",
+        "methods have no multipliers, so their rows compare them at GRPO's lr (their own tuned lr is in the headline).",
         "",
         "\n".join(eq),
         "",
