@@ -1,5 +1,7 @@
 """Online difficulty binner and Prompt-GDRO."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -121,7 +123,7 @@ def test_persistently_hard_bin_gains_weight():
         losses = np.where(groups == 2, 0.9, 0.1)
         history.append(pg.update(groups, losses)[2])
     assert history[-1] > history[0] > 1 / 3 - 1e-9
-    assert all(b >= a for a, b in zip(history, history[1:]))
+    assert all(b >= a for a, b in itertools.pairwise(history))
 
 
 def test_debiasing_lifts_rare_hard_bin_over_common_one():

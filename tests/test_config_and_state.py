@@ -36,6 +36,42 @@ def test_impossible_settings_name_the_field(section, field):
         gdro_config_from_dict(section)
 
 
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ({"rollout": {"n_min": "3"}}, "gdro.rollout.n_min"),
+        ({"rollout": {"enable": "yes"}}, "gdro.rollout.enable"),
+        ({"prompt": {"lagged": "true"}}, "gdro.prompt.lagged"),
+        ({"prompt": {"eta": "0.5"}}, "gdro.prompt.eta"),
+        ({"binner": {"bin_edges": [0, "0.5", 1]}}, "gdro.binner.bin_edges"),
+        ({"rollout": {"n_max": True}}, "gdro.rollout.n_max"),
+        ({"prompt": {"normalize": 3}}, "gdro.prompt.normalize"),
+        ({"binner": 5}, "gdro.binner"),
+    ],
+)
+def test_strings_are_not_numbers_or_booleans(section, key):
+    """OmegaConf alone would turn "3" into 3 and "yes" into True; a config typo must fail instead."""
+    with pytest.raises(GDROConfigError, match=key.replace(".", r"\.")):
+        gdro_config_from_dict(section)
+
+
+def test_unknown_keys_suggest_the_closest_name():
+    with pytest.raises(GDROConfigError, match=r"unknown key\(s\) gdro\.rollout\.n_mn; did you mean n_min\?"):
+        gdro_config_from_dict({"rollout": {"n_mn": 2}})
+    with pytest.raises(GDROConfigError, match=r"unknown key\(s\) gdro\.promt; did you mean prompt\?"):
+        gdro_config_from_dict({"promt": {}})
+
+
+def test_hydra_section_is_accepted_as_is():
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.create({"n": 8, "gdro": {"rollout": {"n_mean": "${n}", "mu_init": None}, "binner": None}})
+    cfg = gdro_config_from_dict(root.gdro)
+    assert cfg.rollout.n_mean == 8 and cfg.rollout.mu_init is None and cfg.binner.num_bins == 10
+    assert gdro_config_from_dict({"prompt": {"eta": 1}}).prompt.eta == 1.0  # an int where a float is due is fine
+    assert isinstance(gdro_config_from_dict({"prompt": {"eta": 1}}).prompt.eta, float)
+
+
 def test_defaults_are_the_paper_appendix_values():
     cfg = gdro_config_from_dict({})
     assert (cfg.prompt.eta, cfg.prompt.gamma, cfg.prompt.beta, cfg.prompt.weight_cap) == (0.65, 0.01, 0.12, 15.0)
@@ -129,10 +165,9 @@ def test_atomic_replace_keeps_the_old_file_when_writing_fails(tmp_path):
 
     target = tmp_path / "gdro_state.pkl"
     target.write_bytes(b"old")
-    with pytest.raises(OSError, match="No space"):
-        with atomic_replace(target) as f:
-            f.write(b"half")
-            raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match="No space"), atomic_replace(target) as f:
+        f.write(b"half")
+        raise OSError(28, "No space left on device")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["gdro_state.pkl"]
     with atomic_replace(target, "w") as f:

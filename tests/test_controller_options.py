@@ -219,7 +219,7 @@ def test_released_bin_edges_are_seven_bins_end_to_end():
     acc = np.array([0.0, 0.05, 0.1, 0.15, 0.3, 0.5, 0.7, 0.85, 0.9, 0.95, 1.0])
     ids = np.arange(len(acc))
     b.update(ids, np.rint(acc * 20).astype(int), np.full(len(acc), 20))
-    # Intervals are [a_k, a_{k+1}), the last one closed: like for like with the released bins.
+    # Intervals are [a_k, a_{k+1}), the last one closed ([0.9, 1]).
     assert b.groups_of(ids).tolist() == [0, 0, 1, 1, 2, 3, 4, 5, 6, 6, 6]
     ctl.observe(np.repeat(ids, 4), np.ones(44, dtype=bool))
     assert "gdro/bin_06/data_share" in ctl.metrics() and "gdro/bin_07/data_share" not in ctl.metrics()

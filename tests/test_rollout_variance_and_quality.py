@@ -111,3 +111,24 @@ def test_se_metrics_are_logged_for_the_grpo_baseline_too():
     m = ctl.metrics()
     assert m["gdro/se/reduction"] == 0.0 and m["gdro/se/seen_share"] == 0.0
     assert "gdro/se_proxy" not in m  # the allocator's own SE proxy needs Rollout-GDRO
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bandit_dp_picks_the_best_exact_budget_arms(seed):
+    """The exact-budget DP maximises Σ_b |B_b| (log π_b(n_b) + G_b(n_b)) subject to Σ_b |B_b| n_b = B n̄."""
+    rng = np.random.default_rng(seed)
+    rg = RolloutGDRO(RolloutGDROConfig(allocator="bandit", n_min=2, n_mean=4, n_max=8, mu_init=0.01, seed=seed), 4)
+    rg.arm_scores[:] = rng.random(rg.arm_scores.shape)
+    noise = rng.gumbel(size=(4, len(rg.arms)))
+    rg.rng = type("FixedNoise", (), {"gumbel": lambda self, size: noise[: size[0]]})()
+    groups = np.repeat(np.arange(4), [3, 1, 5, 2])
+    n = rg.allocate(groups)
+    value = np.log(rg.arm_probabilities()) + noise
+    cnt = np.array([3, 1, 5, 2])
+    best = max(
+        sum(cnt[b] * value[b, a] for b, a in enumerate(arms))
+        for arms in itertools.product(range(len(rg.arms)), repeat=4)
+        if sum(cnt[b] * rg.arms[a] for b, a in enumerate(arms)) == 44
+    )
+    chosen = [int(n[groups == b][0]) - 2 for b in range(4)]
+    assert n.sum() == 44 and sum(cnt[b] * value[b, a] for b, a in enumerate(chosen)) == pytest.approx(best)

@@ -2,7 +2,8 @@
 
 * :class:`OnlineDifficultyBinner` — per-prompt sliding-window pass rate → difficulty bins.
 * :class:`PromptGDRO` — the data adversary: EMA-debiased EXP3P weights on GRPO advantages.
-* :class:`RolloutGDRO` — the compute adversary: per-prompt rollout counts under Σ n = B · n̄.
+* :class:`RolloutGDRO` — the compute adversary: per-prompt rollout counts under Σ n = B · n̄;
+  :func:`allocation_quality` scores an allocation against uniform and the per-prompt oracle.
 * :class:`GDROController` — the three behind one ``schedule`` / ``observe`` / ``metrics`` API.
 """
 
@@ -18,7 +19,7 @@ from verl_ext.config import (
 )
 from verl_ext.controller import GDROController
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
-from verl_ext.rollout_gdro import RolloutGDRO, repair_to_budget
+from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality, oracle_allocation, repair_to_budget
 
 __all__ = [
     "BinnerConfig",
@@ -32,9 +33,11 @@ __all__ = [
     "RolloutGDRO",
     "RolloutGDROConfig",
     "aggregate_responses",
+    "allocation_quality",
     "check_prompt_ids",
     "gdro_config_from_dict",
     "gdro_config_to_dict",
+    "oracle_allocation",
     "prompt_loss",
     "repair_to_budget",
 ]

@@ -21,20 +21,23 @@ update touches only the rows of the batch, so its cost is O(batch) whatever the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from verl_ext.config import BinnerConfig
 
-UNSEEN = -1  # internal marker in ``_bin`` for a prompt with no visit yet
+UNSEEN = -1  # bin of a prompt with no visit yet
+_SUM_C, _SUM_N, _VISITS, _PACK = range(4)  # columns of OnlineDifficultyBinner._meta
 
 
 class PromptIdError(ValueError):
     """Prompt ids that cannot key the binner: missing, non-integer, out of range or duplicated."""
 
 
-def check_prompt_ids(ids: Any, *, num_prompts: Optional[int] = None, what: str = "prompt ids") -> np.ndarray:
+def check_prompt_ids(
+    ids: Any, *, num_prompts: int | None = None, what: str = "prompt ids", check_unique: bool = True
+) -> np.ndarray:
     """Validate a batch (or a whole dataset column) of prompt ids and return them as int64.
 
     Raises :class:`PromptIdError` naming the first offending row and value when an id is missing
@@ -63,7 +66,7 @@ def check_prompt_ids(ids: Any, *, num_prompts: Optional[int] = None, what: str =
     if num_prompts is not None and len(arr) and arr.max() >= num_prompts:
         row = int(np.argmax(arr >= num_prompts))
         raise PromptIdError(f"{what}: row {row} has id {int(arr[row])} outside [0, {num_prompts}) (binner capacity)")
-    if len(arr) > 1:
+    if check_unique and len(arr) > 1:
         order = np.argsort(arr, kind="stable")
         sorted_ids = arr[order]
         dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
@@ -102,16 +105,23 @@ class OnlineDifficultyBinner:
         self.num_groups = self.num_bins + (1 if config.unseen == "own_bin" else 0)
         self.unseen_group = self.num_bins if config.unseen == "own_bin" else self._bin_of(np.array([config.unseen_prior]))[0]
         h = config.window
-        # uint16 counts: a visit holds at most a few thousand rollouts (RolloutGDROConfig caps n_max).
-        # np.zeros maps untouched pages lazily, so a 1M-prompt table costs memory only where used.
-        self._correct = np.zeros((self.num_prompts, h), dtype=np.uint16)
-        self._rollouts = np.zeros((self.num_prompts, h), dtype=np.uint16)
-        self._sum_correct = np.zeros(self.num_prompts, dtype=np.int64)
-        self._sum_rollouts = np.zeros(self.num_prompts, dtype=np.int64)
-        self._cursor = np.zeros(self.num_prompts, dtype=np.int32)  # next ring slot
-        self._visits = np.zeros(self.num_prompts, dtype=np.int64)  # total visits ever
-        self._bin = np.full(self.num_prompts, UNSEEN, dtype=np.int32)
+        # Layout for O(batch) steps on a 1M-prompt table (every array is zero-initialised, so
+        # np.zeros maps pages lazily and untouched prompts cost no memory):
+        # * ``_meta`` (P, 4) int32, one 16-byte row per prompt: Σ correct and Σ rollouts over the
+        #   window, total visits, and (bin + 1) << 16 | ring cursor (0 = never seen): a batch
+        #   gather touches one cache line per prompt instead of one per array.
+        # * ``_ring`` (P, H, 2) uint16: (correct, rollouts) of the last H visits, interleaved so a
+        #   visit's eviction and write touch one slot. uint16: RolloutGDROConfig caps n_max.
+        if h >= 1 << 16:
+            raise ValueError(f"binner.window={h} must be < 65536")
+        self._meta = np.zeros((self.num_prompts, 4), dtype=np.int32)
+        self._ring = np.zeros((self.num_prompts, h, 2), dtype=np.uint16)
+        self._num_seen = 0  # prompts with at least one visit (seen_fraction without an O(P) scan)
         self.total_nonfinite = 0
+
+    def _bins(self, meta: np.ndarray) -> np.ndarray:
+        """Bin per gathered meta row (UNSEEN = -1 for a prompt never seen)."""
+        return (meta[:, _PACK] >> 16) - 1
 
     # ------------------------------------------------------------------ queries
     def _bin_of(self, accuracy: np.ndarray) -> np.ndarray:
@@ -121,14 +131,14 @@ class OnlineDifficultyBinner:
     def groups_of(self, prompt_ids: np.ndarray) -> np.ndarray:
         """Current group of each prompt (0..K-1 by accuracy, :attr:`unseen_group` if never seen)."""
         ids = np.asarray(prompt_ids, dtype=np.int64)
-        bins = self._bin[ids]
-        return np.where(bins == UNSEEN, self.unseen_group, bins).astype(np.int64)
+        bins = (self._meta[ids, _PACK] >> 16).astype(np.int64) - 1
+        return np.where(bins == UNSEEN, self.unseen_group, bins)
 
     def accuracy_of(self, prompt_ids: np.ndarray) -> np.ndarray:
         """Windowed mean accuracy p̂ (NaN for a prompt never seen)."""
-        ids = np.asarray(prompt_ids, dtype=np.int64)
-        num = self._sum_correct[ids].astype(np.float64)
-        den = self._sum_rollouts[ids].astype(np.float64)
+        meta = self._meta[np.asarray(prompt_ids, dtype=np.int64)]
+        num = meta[:, _SUM_C].astype(np.float64)
+        den = meta[:, _SUM_N].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
@@ -137,15 +147,15 @@ class OnlineDifficultyBinner:
         return 1.0 - (1.0 - self.accuracy_of(prompt_ids)) ** k
 
     def visits_of(self, prompt_ids: np.ndarray) -> np.ndarray:
-        return self._visits[np.asarray(prompt_ids, dtype=np.int64)].copy()
+        return self._meta[np.asarray(prompt_ids, dtype=np.int64), _VISITS].astype(np.int64)
 
     def window_sums(self, prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(Σ correct, Σ rollouts) over each prompt's window (zeros for a prompt never seen)."""
-        ids = np.asarray(prompt_ids, dtype=np.int64)
-        return self._sum_correct[ids].copy(), self._sum_rollouts[ids].copy()
+        meta = self._meta[np.asarray(prompt_ids, dtype=np.int64)]
+        return meta[:, _SUM_C].astype(np.int64), meta[:, _SUM_N].astype(np.int64)
 
     def seen_fraction(self) -> float:
-        return float(np.count_nonzero(self._visits)) / self.num_prompts
+        return self._num_seen / self.num_prompts
 
     # ------------------------------------------------------------------ update
     def update(self, prompt_ids: Any, correct: Any, rollouts: Any, num_nonfinite: int = 0) -> BinnerUpdate:
@@ -168,17 +178,16 @@ class OnlineDifficultyBinner:
         if np.any(rollouts > np.iinfo(np.uint16).max):
             raise ValueError("binner.update: more than 65535 rollouts in one visit")
 
-        slot = self._cursor[ids]
+        meta = self._meta[ids]  # one gather of every per-prompt scalar
+        cursor = meta[:, _PACK] & 0xFFFF
+        old = self._bins(meta)
         # Evict the visit leaving the window from the running sums (zeros until the ring is full).
-        self._sum_correct[ids] += correct - self._correct[ids, slot]
-        self._sum_rollouts[ids] += rollouts - self._rollouts[ids, slot]
-        self._correct[ids, slot] = correct
-        self._rollouts[ids, slot] = rollouts
-        self._cursor[ids] = (slot + 1) % self.config.window
-        self._visits[ids] += 1
+        evicted = self._ring[ids, cursor].astype(np.int32)
+        sum_c = meta[:, _SUM_C] + correct - evicted[:, 0]
+        sum_n = meta[:, _SUM_N] + rollouts - evicted[:, 1]
+        self._ring[ids, cursor] = np.stack([correct, rollouts], axis=1).astype(np.uint16)
 
-        acc = self._sum_correct[ids] / self._sum_rollouts[ids]
-        old = self._bin[ids]
+        acc = sum_c / sum_n
         target = self._bin_of(acc)
         delta = self.config.hysteresis
         if delta > 0:
@@ -189,7 +198,12 @@ class OnlineDifficultyBinner:
             new = np.where(seen & inside, old, target)
         else:
             new = target
-        self._bin[ids] = new
+        meta[:, _SUM_C] = sum_c
+        meta[:, _SUM_N] = sum_n
+        meta[:, _VISITS] += 1
+        meta[:, _PACK] = ((new + 1) << 16) | ((cursor + 1) % self.config.window)
+        self._meta[ids] = meta
+        self._num_seen += int(np.count_nonzero(old == UNSEEN))
         self.total_nonfinite += int(num_nonfinite)
         return BinnerUpdate(
             batch_accuracy=correct / rollouts,
@@ -203,13 +217,8 @@ class OnlineDifficultyBinner:
             "num_prompts": self.num_prompts,
             "window": self.config.window,
             "edges": self.edges.copy(),
-            "correct": self._correct.copy(),
-            "rollouts": self._rollouts.copy(),
-            "sum_correct": self._sum_correct.copy(),
-            "sum_rollouts": self._sum_rollouts.copy(),
-            "cursor": self._cursor.copy(),
-            "visits": self._visits.copy(),
-            "bin": self._bin.copy(),
+            "meta": self._meta.copy(),
+            "ring": self._ring.copy(),
             "total_nonfinite": self.total_nonfinite,
         }
 
@@ -221,13 +230,9 @@ class OnlineDifficultyBinner:
             )
         if not np.array_equal(np.asarray(state["edges"]), self.edges):
             raise ValueError(f"binner checkpoint bin edges {list(state['edges'])} differ from the config's {list(self.edges)}")
-        self._correct[...] = state["correct"]
-        self._rollouts[...] = state["rollouts"]
-        self._sum_correct[...] = state["sum_correct"]
-        self._sum_rollouts[...] = state["sum_rollouts"]
-        self._cursor[...] = state["cursor"]
-        self._visits[...] = state["visits"]
-        self._bin[...] = state["bin"]
+        self._meta[...] = state["meta"]
+        self._ring[...] = state["ring"]
+        self._num_seen = int(np.count_nonzero(self._meta[:, _VISITS]))
         self.total_nonfinite = int(state["total_nonfinite"])
 
 

@@ -7,16 +7,20 @@ before any GPU time is spent.
 
 The recipe's Hydra section ``gdro:`` maps one-to-one onto :class:`GDROConfig`
 (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``); :func:`gdro_config_from_dict` builds
-it and rejects unknown keys and wrong types.
+it through OmegaConf structured configs and rejects unknown keys and wrong types.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import itertools
 import math
+import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any
 
 LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
 ALLOCATORS = ("sqrt", "bandit", "knapsack", "uniform")
@@ -31,7 +35,7 @@ class GDROConfigError(ValueError):
 
 
 def _fail(field_name: str, value: Any, why: str) -> None:
-    raise GDROConfigError(f"gdro config: {field_name}={value!r} is invalid: {why}")
+    raise GDROConfigError(f"gdro config: gdro.{field_name}={value!r} is invalid: {why}")
 
 
 def _check_unit(name: str, value: float, *, open_low: bool = False, open_high: bool = False) -> None:
@@ -55,8 +59,9 @@ class BinnerConfig:
     Attributes:
         num_bins: K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored
             when ``bin_edges`` is given.
-        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy. Bin 0 is
-            the hardest (lowest accuracy).
+        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1
+            edges give K bins [a_k, a_{k+1}), the last closed). Bin 0 is the hardest. The released
+            code's [0, .1, .2, .4, .6, .8, .9, 1] are 8 edges, i.e. 7 bins (bin_00 .. bin_06).
         window: H, the number of most recent visits a prompt's statistic is computed over
             (authors' scripts: 50 or 100).
         hysteresis: δ, a prompt leaves its bin only when its statistic is beyond the bin's
@@ -69,7 +74,7 @@ class BinnerConfig:
     """
 
     num_bins: int = 10
-    bin_edges: Optional[list[float]] = None
+    bin_edges: list[float] | None = None
     window: int = 50
     hysteresis: float = 0.0
     unseen: str = "own_bin"
@@ -84,7 +89,7 @@ class BinnerConfig:
                 _fail("binner.bin_edges", self.bin_edges, "needs at least two edges (0 and 1)")
             if edges[0] != 0.0 or edges[-1] != 1.0:
                 _fail("binner.bin_edges", self.bin_edges, "must start at 0 and end at 1")
-            if any(b <= a for a, b in zip(edges, edges[1:])):
+            if any(b <= a for a, b in itertools.pairwise(edges)):
                 _fail("binner.bin_edges", self.bin_edges, "must be strictly increasing")
             self.bin_edges = edges
             self.num_bins = len(edges) - 1
@@ -204,7 +209,7 @@ class RolloutGDROConfig:
     n_min: int = 2
     n_max: int = 12
     mu_lr: float = 0.05
-    mu_init: Optional[float] = None
+    mu_init: float | None = None
     variance_beta: float = 0.1
     variance_prior: float = 0.25
     variance_floor: float = 1e-3
@@ -280,68 +285,88 @@ class GDROConfig:
         return self.enabled or self.observe
 
 
-def _coerce(path: str, annotation: Any, value: Any) -> Any:
-    """Check ``value`` against a dataclass field annotation; no silent string-to-number casts."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(path, inner[0], value)
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise GDROConfigError(f"gdro config: {path}={value!r} must be true or false")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise GDROConfigError(f"gdro config: {path}={value!r} must be an integer")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise GDROConfigError(f"gdro config: {path}={value!r} must be a number")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise GDROConfigError(f"gdro config: {path}={value!r} must be a string")
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise GDROConfigError(f"gdro config: {path}={value!r} must be a list")
-        return [_coerce(f"{path}[{i}]", args[0], v) for i, v in enumerate(value)]
-    return value
+_STRICT_SCALARS = {int: "an integer", float: "a number", bool: "true or false"}
 
 
-def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise GDROConfigError(f"gdro config: {prefix or 'gdro'} must be a mapping, got {data!r}")
+def _scalar_type(annotation: Any) -> Any:
+    """The scalar (or list element) type behind ``X``, ``Optional[X]``, ``X | None``, ``list[X]``."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType) and len(args) == 1:
+        return _scalar_type(args[0])
+    return annotation
+
+
+def _refuse_strings(cls: type, data: Mapping[str, Any], prefix: str) -> None:
+    """OmegaConf converts "3" to an int and "yes" to a bool; a typo'd override should fail instead."""
     hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise GDROConfigError(
-            f"gdro config: unknown key(s) {', '.join('gdro.' + where + k for k in unknown)}; "
-            f"valid keys under gdro.{where or ''}: {', '.join(sorted(known))}"
-        )
-    kwargs = {}
     for name, value in data.items():
         path = f"{prefix}.{name}" if prefix else name
-        annotation = hints[name]
+        annotation = hints.get(name)
+        if annotation is None:
+            continue  # unknown key: OmegaConf reports it below
         if dataclasses.is_dataclass(annotation):
-            kwargs[name] = _build(annotation, value if value is not None else {}, path)
-        else:
-            kwargs[name] = _coerce(path, annotation, value)
-    return cls(**kwargs)
+            if not isinstance(value, Mapping):
+                raise GDROConfigError(f"gdro config: gdro.{path} must be a mapping of its keys, got {value!r}")
+            _refuse_strings(annotation, value, path)
+            continue
+        want = _STRICT_SCALARS.get(_scalar_type(annotation))
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if want and any(isinstance(v, str) for v in values):
+            raise GDROConfigError(f"gdro config: gdro.{path}={value!r} must be {want}, not a string")
 
 
-def gdro_config_from_dict(data: Optional[Mapping[str, Any]]) -> GDROConfig:
-    """Build a validated :class:`GDROConfig` from a plain mapping (e.g. the Hydra ``gdro`` section).
+def _fields_at(path: str) -> list[str]:
+    """Field names of the dataclass at dotted ``path`` below GDROConfig (for did-you-mean)."""
+    cls: Any = GDROConfig
+    for part in [p for p in path.split(".") if p][:-1]:
+        cls = typing.get_type_hints(cls).get(part)
+        if not dataclasses.is_dataclass(cls):
+            return []
+    return [f.name for f in dataclasses.fields(cls)]
 
-    Raises :class:`GDROConfigError` naming the key for unknown keys, wrong types and impossible
-    values.
+
+def gdro_config_from_dict(data: Any) -> GDROConfig:
+    """Build a validated :class:`GDROConfig` from a mapping (e.g. the Hydra ``gdro`` section).
+
+    The mapping is merged onto ``OmegaConf.structured(GDROConfig)``, which checks keys and types;
+    ``OmegaConf.to_object`` then builds the dataclasses, whose ``__post_init__`` checks ranges.
+    Raises :class:`GDROConfigError` naming the key for unknown keys (with a did-you-mean), wrong
+    types (strings are refused for numbers and booleans, which OmegaConf alone would convert)
+    and impossible values.
     """
-    return _build(GDROConfig, dict(data or {}), "")
+    from omegaconf import DictConfig, OmegaConf
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+    if isinstance(data, DictConfig):
+        data = OmegaConf.to_container(data, resolve=True)
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise GDROConfigError(f"gdro config: gdro must be a mapping, got {data!r}")
+    data = dict(data)
+    for section in ("binner", "prompt", "rollout"):
+        if section in data and data[section] is None:
+            data[section] = {}  # an empty YAML section means "all defaults"
+    _refuse_strings(GDROConfig, data, "")
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(GDROConfig), data)
+        return OmegaConf.to_object(merged)
+    except GDROConfigError:
+        raise
+    except ConfigKeyError as e:
+        key = str(getattr(e, "full_key", "") or "")
+        name = key.rsplit(".", 1)[-1]
+        valid = _fields_at(key)
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        where = "gdro." + key.rsplit(".", 1)[0] if "." in key else "gdro"
+        raise GDROConfigError(
+            f"gdro config: unknown key(s) gdro.{key}{hint} (valid keys under {where}: {', '.join(valid)})"
+        ) from None
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "?")
+        msg = str(e).splitlines()[0]
+        raise GDROConfigError(f"gdro config: gdro.{key}: {msg}") from None
 
 
 def gdro_config_to_dict(config: GDROConfig) -> dict[str, Any]:

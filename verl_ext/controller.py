@@ -19,7 +19,7 @@ With an adversary disabled its part is skipped: ``schedule`` returns n̄ for eve
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class GDROController:
         self,
         response_prompt_ids: Any,
         response_correct: Any,
-        response_abs_advantage: Optional[Any] = None,
+        response_abs_advantage: Any | None = None,
     ) -> np.ndarray:
         """Record one step's outcomes; return the per-response advantage multipliers.
 
@@ -110,7 +110,8 @@ class GDROController:
                     raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
         pid = np.asarray(response_prompt_ids, dtype=np.int64)
         ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
-        check_prompt_ids(ids, num_prompts=self.binner.num_prompts, what="response prompt ids")
+        # Range check before any state changes (ids come from np.unique: already distinct).
+        check_prompt_ids(ids, num_prompts=self.binner.num_prompts, what="response prompt ids", check_unique=False)
         groups = self.binner.groups_of(ids)  # bins before this visit = the bins it was scheduled in
 
         mean_abs_adv = abs_adv = None

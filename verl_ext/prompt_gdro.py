@@ -38,7 +38,7 @@ under GRPO's zero-mean group advantages, see DESIGN §2.2):
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -49,7 +49,7 @@ def prompt_loss(
     signal: str,
     correct: np.ndarray,
     rollouts: np.ndarray,
-    mean_abs_advantage: Optional[np.ndarray] = None,
+    mean_abs_advantage: np.ndarray | None = None,
     unbiased: bool = False,
 ) -> np.ndarray:
     """The per-prompt loss ℓ(x) for the chosen ``signal`` (see the module docstring).
@@ -144,9 +144,9 @@ class PromptGDRO:
     def response_multipliers(
         self,
         response_groups: Any,
-        scale: Optional[np.ndarray] = None,
-        abs_advantage: Optional[np.ndarray] = None,
-        probabilities: Optional[np.ndarray] = None,
+        scale: np.ndarray | None = None,
+        abs_advantage: np.ndarray | None = None,
+        probabilities: np.ndarray | None = None,
     ) -> np.ndarray:
         """Per-response advantage multipliers m_i ∝ q(b_i), normalised per ``normalize``, capped at ω_max.
 

@@ -61,7 +61,7 @@ reductions). :func:`allocation_quality` adds the per-prompt oracle: the exact in
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +89,7 @@ def _top_k_increments(gains: np.ndarray, k: int) -> np.ndarray:
 
 def variance_gains_up(n: np.ndarray, v: np.ndarray, n_max: int) -> np.ndarray:
     """Matrix of marginal reductions v/(k(k-1)) for raising n_i to k = n_i+1 .. n_max (-inf past n_max)."""
-    steps = np.arange(1, n_max + 1)  # enough columns for any row
+    steps = np.arange(1, max(n_max - int(n.min(initial=n_max)), 0) + 1)  # enough columns for any row
     k = n[:, None] + steps[None, :]
     gains = v[:, None] / (k * (k - 1.0)) - _TIE_BREAK * k
     gains[k > n_max] = -np.inf
@@ -256,25 +256,34 @@ class RolloutGDRO:
         present = np.flatnonzero(per_group)
         counts = per_group[present]
         value = np.log(self.arm_probabilities()[present]) + self.rng.gumbel(size=(len(present), len(self.arms)))
-        # Exact-budget DP over bins: best[t] = max Σ |B_b| value_b(n_b) over bins so far with Σ |B_b| n_b = t.
-        best = np.full(budget + 1, -np.inf)
+        # Exact-budget DP over bins: best[t] = max Σ |B_b| value_b(n_b) over bins so far with
+        # Σ |B_b| (n_b - n_min) = t, i.e. counted above the n_min floor every bin pays anyway.
+        extra = budget - int(counts.sum()) * c.n_min
+        steps = self.arms - c.n_min
+        best = np.full(extra + 1, -np.inf)
         best[0] = 0.0
-        choice = np.zeros((len(present), budget + 1), dtype=np.int64)
+        choice = np.zeros((len(present), extra + 1), dtype=np.int16)
         for j, cnt in enumerate(counts):
-            cand = np.full((len(self.arms), budget + 1), -np.inf)
-            for a, n in enumerate(self.arms):
-                shift = int(cnt * n)
-                if shift <= budget:
-                    cand[a, shift:] = best[: budget + 1 - shift] + cnt * value[j, a]
-            choice[j] = np.argmax(cand, axis=0)
-            best = cand.max(axis=0)
+            # Running max over arms (strict >: the first best arm wins ties, as argmax would);
+            # row-wise updates avoid a strided argmax over an (arms, budget) matrix.
+            new = np.full(extra + 1, -np.inf)
+            pick = choice[j]
+            for a, k in enumerate(steps):
+                shift = int(cnt * k)
+                if shift > extra:
+                    break  # steps increase with the arm
+                cand = best[: extra + 1 - shift] + cnt * value[j, a]
+                better = cand > new[shift:]
+                new[shift:][better] = cand[better]
+                pick[shift:][better] = a
+            best = new
         feasible = np.flatnonzero(np.isfinite(best))
-        t = budget if np.isfinite(best[budget]) else int(feasible[feasible <= budget].max())
+        t = extra if np.isfinite(best[extra]) else int(feasible.max())
         arm_of = np.zeros(self.num_groups, dtype=np.int64)
         for j in range(len(present) - 1, -1, -1):  # backtrack
-            a = choice[j, t]
+            a = int(choice[j, t])
             arm_of[present[j]] = a
-            t -= int(counts[j] * self.arms[a])
+            t -= int(counts[j] * steps[a])
         # Budget pressure: the mean of the arms the bins prefer, without the budget.
         wanted = self.arms[np.argmin(self.arm_scores[present], axis=1)]
         return self.arms[arm_of[groups]], float((counts * wanted).sum() / counts.sum())
@@ -290,7 +299,7 @@ class RolloutGDRO:
         return base + _top_k_increments(gains, budget - base.sum())
 
     # ------------------------------------------------------------------ public API
-    def allocate(self, groups: Any, accuracy: Optional[Any] = None, prompt_variance: Optional[Any] = None) -> np.ndarray:
+    def allocate(self, groups: Any, accuracy: Any | None = None, prompt_variance: Any | None = None) -> np.ndarray:
         """Rollout counts for the next batch, one per prompt, summing to ``len(groups) · n̄``.
 
         ``groups`` are the prompts' current bins; ``accuracy`` (per prompt windowed pass rate,
