@@ -50,8 +50,8 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
 from verl_ext import GDROController, gdro_config_from_dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -277,8 +277,11 @@ def simulate_rollout(store: InProcessStore, batch, n_mean: int, T: int, step: in
     uids = [str(u) for u in list(batch["uid"])]
     ids = [int(i) for i in list(batch["index"])]
     counts = [int(n) for n in list(batch["__rollout_n__"])] if "__rollout_n__" in batch.keys() else [n_mean] * len(ids)
-    keys, cols, tags = [], {k: [] for k in ("prompts", "responses", "response_mask", "rm_scores", "num_turns",
-                                             "uid", "extra_fields")}, []
+    keys, cols, tags = (
+        [],
+        {k: [] for k in ("prompts", "responses", "response_mask", "rm_scores", "num_turns", "uid", "extra_fields")},
+        [],
+    )
     for uid, pid, n in zip(uids, ids, counts, strict=True):
         for s in range(n):
             rng = np.random.default_rng([pid, s, step])
@@ -294,8 +297,9 @@ def simulate_rollout(store: InProcessStore, batch, n_mean: int, T: int, step: in
             cols["num_turns"].append(2)
             cols["uid"].append(uid)
             cols["extra_fields"].append({"reward_extra_info": {"acc": correct, "score": float(score[-1])}})
-            tags.append({"status": "success", "global_steps": step, "min_global_steps": step - 1,
-                         "max_global_steps": step - 1})
+            tags.append(
+                {"status": "success", "global_steps": step, "min_global_steps": step - 1, "max_global_steps": step - 1}
+            )
     store.put_rows("train", keys, cols, tags)
     return KVBatchMeta(keys=keys, tags=tags, partition_id="train")
 
@@ -333,8 +337,11 @@ def recipe_step(trainer, store, n_mean, T, step, p_true) -> dict[str, dict[str, 
     store.clear()
     out = {}
     for kind in ("wall", "cpu"):
-        parts = {"next_train_batch": getattr(t_next, kind), "compute_advantage": getattr(t_adv, kind),
-                 "compute_metrics": getattr(t_metrics, kind)}
+        parts = {
+            "next_train_batch": getattr(t_next, kind),
+            "compute_advantage": getattr(t_adv, kind),
+            "compute_metrics": getattr(t_metrics, kind),
+        }
         parts["total"] = sum(parts.values())
         out[kind] = parts
     out["driver_ms"] = metrics.get("gdro/recipe/driver_ms", 0.0)
@@ -387,15 +394,25 @@ def main() -> None:
     ap.add_argument("--allocator", default="sqrt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-recipe", action="store_true", help="controller bench only (no verl trainer)")
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads (default 1: on a shared machine idle-spinning worker threads "
-                         "inflate the CPU time of whichever method runs)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a shared machine idle-spinning worker threads "
+        "inflate the CPU time of whichever method runs)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     B, n_mean, T = args.prompts, args.n_mean, args.tokens
-    result = {"batch_prompts": B, "mean_rollouts": n_mean, "response_tokens": T, "allocator": args.allocator,
-              "repeats": args.repeats, "torch_threads": args.threads}
+    result = {
+        "batch_prompts": B,
+        "mean_rollouts": n_mean,
+        "response_tokens": T,
+        "allocator": args.allocator,
+        "repeats": args.repeats,
+        "torch_threads": args.threads,
+    }
     result.update(bench_controller(B, n_mean, T, args.repeats, args.allocator, args.seed))
     if not args.skip_recipe:
         result.update(bench_recipe(B, n_mean, T, args.steps, args.warmup, args.seed))

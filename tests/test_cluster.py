@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from recipe_helpers import standins as S  # noqa: E402
+from test_recipe_dry_run import paper_overrides  # noqa: E402
+
 from recipe.gdro import cluster, preflight  # noqa: E402
 from recipe.gdro.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.main_gdro import cli, compose_config  # noqa: E402
-from recipe_helpers import standins as S  # noqa: E402
-from test_recipe_dry_run import paper_overrides  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SDPA = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
@@ -28,7 +29,9 @@ NO_FLASH = importlib.util.find_spec("flash_attn") is None
 
 @pytest.fixture
 def data(tmp_path) -> Path:
-    return Path(S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 266)))))  # >= data.train_batch_size (256): the dry run checks it
+    return Path(
+        S.write_parquet(str(tmp_path / "dapo_train.parquet"), S.math_rows(list(range(10, 266))))
+    )  # >= data.train_batch_size (256): the dry run checks it
 
 
 def run_cli(capsys, argv):
@@ -100,7 +103,6 @@ def test_dry_run_reports_attention_on_cpu_and_refuses_it_where_cuda_is(capsys, d
 def test_gpu_extra_installs_verls_flash_attn_and_cpu_install_does_not(monkeypatch):
     """setup.py: `gpu` = verl's vllm + flash-attn extras (verl 0.9.1 METADATA); base install has neither."""
     import email
-
     from importlib.metadata import distribution
 
     meta = email.message_from_string(distribution("verl").read_text("METADATA"))
@@ -167,8 +169,10 @@ def test_offline_hub_flags_are_forwarded_to_workers():
 
 
 def test_dry_run_shows_the_shipped_modules(capsys, data):
-    layout = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-              "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+    layout = [
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    ]
     code, out, err = run_cli(capsys, paper_overrides(data) + layout + [SDPA])
     assert code == 0, err
     assert "workers      Ray runtime_env py_modules ships recipe, verl_ext, data_prep to every node" in out
@@ -266,18 +270,26 @@ def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
 
 # ----------------------------------------------------------------------------------- KV-cache estimate
 def _paper(size: str, tp: int, gmu: float, *extra: str):
-    return compose_config([
-        f"actor_rollout_ref.model.path=Qwen/Qwen3-{size}-Base", "data.train_batch_size=256",
-        "data.max_prompt_length=3200", "data.max_response_length=4096", "trainer.n_gpus_per_node=8",
-        f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
-        f"actor_rollout_ref.rollout.gpu_memory_utilization={gmu}", *extra,
-    ])
+    return compose_config(
+        [
+            f"actor_rollout_ref.model.path=Qwen/Qwen3-{size}-Base",
+            "data.train_batch_size=256",
+            "data.max_prompt_length=3200",
+            "data.max_response_length=4096",
+            "trainer.n_gpus_per_node=8",
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}",
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={gmu}",
+            *extra,
+        ]
+    )
 
 
 def test_kv_cache_estimate_matches_the_documented_arithmetic():
     # parameter counts of the three models from their shapes: 1.72B / 4.02B / 8.19B
-    assert [round(cluster.approx_params(cluster.KNOWN_MODELS[f"Qwen/Qwen3-{s}-Base"]) / 1e9, 2)
-            for s in ("1.7B", "4B", "8B")] == [1.72, 4.02, 8.19]
+    assert [
+        round(cluster.approx_params(cluster.KNOWN_MODELS[f"Qwen/Qwen3-{s}-Base"]) / 1e9, 2)
+        for s in ("1.7B", "4B", "8B")
+    ] == [1.72, 4.02, 8.19]
     e = cluster.kv_cache_estimate(_paper("8B", 2, 0.6))
     assert e.bytes_per_token_per_gpu == 2 * 36 * 8 * 128 * 2 / 2  # 72 KiB
     assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 3.0, abs=0.01)
@@ -287,8 +299,9 @@ def test_kv_cache_estimate_matches_the_documented_arithmetic():
     assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(461e3, rel=0.01)
     assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(298e3, rel=0.01)
     # short sequences fit
-    small = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "data.max_prompt_length=512",
-                                             "data.max_response_length=1024"))
+    small = cluster.kv_cache_estimate(
+        _paper("8B", 2, 0.6, "data.max_prompt_length=512", "data.max_response_length=1024")
+    )
     assert small.line(0.6).endswith("fits")
     # more memory, more cache
     assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6), gpu_gib=139.8).tokens_per_replica > 1e6

@@ -132,7 +132,7 @@ def test_state_round_trip_is_exact(tmp_path, allocator, prompt_extra, rollout_ex
     resumed.load(str(tmp_path / "gdro_state.pkl"))
     tail = _run(resumed, 3, N - k, P, start=k)
 
-    for (n1, m1, met1), (n2, m2, met2) in zip(straight, head + tail):
+    for (n1, m1, met1), (n2, m2, met2) in zip(straight, head + tail, strict=True):
         assert np.array_equal(n1, n2)
         assert np.array_equal(m1, m2)
         assert met1.keys() == met2.keys()

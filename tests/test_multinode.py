@@ -95,10 +95,22 @@ def hidden_head(tmp_path):
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     head = subprocess.Popen(
-        [str(RAY_BIN), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
-        cwd=node_cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [
+            str(RAY_BIN),
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        cwd=node_cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     address = f"127.0.0.1:{port}"
     try:

@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from recipe_helpers import standins as S  # noqa: E402
+
 from recipe.gdro import checks  # noqa: E402
 from recipe.gdro.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.main_gdro import compose_config  # noqa: E402
@@ -25,7 +27,6 @@ from recipe.gdro.metrics_io import (  # noqa: E402
     read_metrics_jsonl,
     rewind_metrics_jsonl,
 )
-from recipe_helpers import standins as S  # noqa: E402
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_to_dict  # noqa: E402
 
 YAML_PATH = Path(__file__).resolve().parents[1] / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"
@@ -131,7 +132,11 @@ def test_unsupported_modes_are_refused_with_gdro(overrides, message):
 
 @pytest.mark.parametrize(
     "overrides",
-    [("trainer.v1.trainer_mode=colocate_async",), ("algorithm.filter_groups.enable=true",), ("algorithm.adv_estimator=gae",)],
+    [
+        ("trainer.v1.trainer_mode=colocate_async",),
+        ("algorithm.filter_groups.enable=true",),
+        ("algorithm.adv_estimator=gae",),
+    ],
 )
 def test_modes_are_verls_business_when_gdro_is_off(overrides):
     config = compose(*overrides)
@@ -167,7 +172,9 @@ def test_paper_budget_has_no_padding():
 
 
 def test_batch_not_multiple_of_mini_batch_is_refused():
-    with pytest.raises(GDRORecipeError, match=r"data\.train_batch_size=200 is not a multiple of .*ppo_mini_batch_size=128"):
+    with pytest.raises(
+        GDRORecipeError, match=r"data\.train_batch_size=200 is not a multiple of .*ppo_mini_batch_size=128"
+    ):
         budget(*ON, "data.train_batch_size=200", "actor_rollout_ref.actor.ppo_mini_batch_size=128")
 
 
@@ -184,7 +191,9 @@ def test_rows_not_multiple_of_dp_is_refused():
 
 def test_gen_batch_size_must_divide_the_batch():
     with pytest.raises(GDRORecipeError, match=r"data\.gen_batch_size=3 does not divide data\.train_batch_size=16"):
-        budget(*ON, "data.train_batch_size=16", "+data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8")
+        budget(
+            *ON, "data.train_batch_size=16", "+data.gen_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=8"
+        )
 
 
 def test_padding_is_only_a_note_without_rollout_gdro():
@@ -336,7 +345,9 @@ def test_trajectory_key_and_acc_parsing():
 # ----------------------------------------------------------------------------------- metrics file
 def test_metrics_jsonl_round_trip(tmp_path):
     path = tmp_path / "sub" / "m.jsonl"
-    append_metrics_jsonl(path, 1, {"gdro/mu": 0.5, "gdro/x": float("nan"), "gdro/y": np.float64(2.0), "gdro/z": float("inf")})
+    append_metrics_jsonl(
+        path, 1, {"gdro/mu": 0.5, "gdro/x": float("nan"), "gdro/y": np.float64(2.0), "gdro/z": float("inf")}
+    )
     append_metrics_jsonl(path, 2, {"gdro/mu": np.float32(0.25)})
     lines = path.read_text().splitlines()
     assert json.loads(lines[0]) == {"step": 1, "gdro/mu": 0.5, "gdro/x": None, "gdro/y": 2.0, "gdro/z": None}

@@ -16,8 +16,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recipe.gdro.main_gdro import cli  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
+
+from recipe.gdro.main_gdro import cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,8 +142,11 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], 1, "verl config validation failed"),
         # the recipe always runs the v1 trainer: refused with the adversaries off too (issue 11, item 4)
         (["gdro.rollout.enable=false", "trainer.use_v1=false"], 2, "trainer.use_v1=false is not supported"),
-        (["gdro.rollout.enable=false", "gdro.observe=false", "trainer.use_v1=false"], 2,
-         "trainer.use_v1=false is not supported"),
+        (
+            ["gdro.rollout.enable=false", "gdro.observe=false", "trainer.use_v1=false"],
+            2,
+            "trainer.use_v1=false is not supported",
+        ),
     ],
 )
 def test_dry_run_refusals_exit_nonzero_naming_the_setting(capsys, data, extra, code, message):
@@ -168,8 +172,10 @@ def test_dry_run_refuses_bad_prompt_ids(capsys, tmp_path, index, message):
 
 def test_dry_run_refuses_a_reward_without_acc(capsys, data, tmp_path):
     reward = tmp_path / "reward.py"
-    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
-                      "    return {'score': 1.0}\n")
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw):\n"
+        "    return {'score': 1.0}\n"
+    )
     code, out, err = run_cli(capsys, paper_overrides(data) + [f"reward.custom_reward_function.path={reward}"])
     assert code == 2
     assert "without 'acc'" in err

@@ -37,10 +37,10 @@ ray = pytest.importorskip("ray")
 tq = pytest.importorskip("transfer_queue")
 
 from omegaconf import OmegaConf  # noqa: E402
+from recipe_helpers import standins as S  # noqa: E402
 
 from recipe.gdro.main_gdro import compose_config  # noqa: E402
 from recipe.gdro.metrics_io import read_metrics_jsonl  # noqa: E402
-from recipe_helpers import standins as S  # noqa: E402
 from verl_ext import GDROController, gdro_config_from_dict  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -183,7 +183,7 @@ def replay_and_check(
         rows = real_rows(update)
         # realised = scheduled: sessions verl's worker ran, and rows (GRPO group sizes) reaching the actor
         group_size = Counter(r["uid"] for r in rows)
-        for uid, n in zip(batch["uid"], counts):
+        for uid, n in zip(batch["uid"], counts, strict=True):
             assert sessions_run[(step, uid)] == n
             assert group_size[uid] == n
         assert len(rows) == sum(counts)
@@ -196,7 +196,7 @@ def replay_and_check(
         grpo = S.grpo_reference(update["rows"])
         mean_abs = np.abs([grpo[r["key"]] for r in rows]) if abs_adv else None
         mult = shadow.observe([r["index"] for r in rows], acc, mean_abs)
-        for r, m in zip(rows, mult):
+        for r, m in zip(rows, mult, strict=True):
             expected = grpo[r["key"]] * m
             assert r["advantage"] == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, r["index"], r["session"])
             tokens = r["advantage_tokens"] * r["mask"]
@@ -224,8 +224,15 @@ def test_joint_run_logs_gdro_metrics(joint_run):
     logged = joint_run["logged"]
     assert sorted(logged) == [1, 2, 3]
     for step, metrics in logged.items():
-        for key in ("gdro/mu", "gdro/se_proxy_reduction", "gdro/bin_00/adversary_prob", "gdro/unseen/data_share",
-                    "gdro/multiplier_max", "gdro/recipe/scheduled_rollouts", "gdro/recipe/padding_rows"):
+        for key in (
+            "gdro/mu",
+            "gdro/se_proxy_reduction",
+            "gdro/bin_00/adversary_prob",
+            "gdro/unseen/data_share",
+            "gdro/multiplier_max",
+            "gdro/recipe/scheduled_rollouts",
+            "gdro/recipe/padding_rows",
+        ):
             assert key in metrics, (step, key)
         assert metrics["gdro/recipe/scheduled_rollouts"] == 4 * N_MEAN
         assert metrics["gdro/recipe/realised_rollouts"] == 4 * N_MEAN
@@ -257,7 +264,7 @@ def assert_states_equal(a, b, path="state", approx_under=()):
         assert isinstance(b, float) and math.isnan(b), path
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
             assert_states_equal(x, y, f"{path}[{i}]", approx_under)
     elif isinstance(a, float) and any(path.startswith(p) for p in approx_under):
         assert a == pytest.approx(b, rel=1e-12, abs=1e-12), path
@@ -503,13 +510,40 @@ def test_failed_sessions_are_counted_not_fatal(tq_session, tmp_path_factory, tok
 # ------------------------------------- custom reward function + validation lines (issue 11.5, 12.13)
 # (data_source, ground truth, extra_info.index): training mixes DAPO math with GPQA; validation has every
 # Table-1 set. Rates: 1.0 always right, 0.0 always wrong, 0.5 scripted by (index, session, step).
-REWARD_TRAIN = [("math_dapo", "10", 0), ("math_dapo", "11", 1), ("gpqa_diamond", "B", 2), ("gpqa_diamond", "D", 3),
-                ("math_dapo", "12", 4), ("gpqa_diamond", "A", 5)]
-REWARD_VAL = [("math500", "20", 10), ("aime2024", "21", 11), ("aime2025", "22", 12), ("amc23", "23", 13),
-              ("minerva", "24", 14), ("olympiadbench", "25", 15), ("gpqa_diamond", "C", 16),
-              ("gpqa_diamond", "A", 17)]
-REWARD_RATES = {0: 0.5, 1: 1.0, 2: 1.0, 3: 0.5, 4: 0.0, 5: 0.5,
-                10: 1.0, 11: 0.0, 12: 0.5, 13: 0.5, 14: 1.0, 15: 0.5, 16: 1.0, 17: 0.5}
+REWARD_TRAIN = [
+    ("math_dapo", "10", 0),
+    ("math_dapo", "11", 1),
+    ("gpqa_diamond", "B", 2),
+    ("gpqa_diamond", "D", 3),
+    ("math_dapo", "12", 4),
+    ("gpqa_diamond", "A", 5),
+]
+REWARD_VAL = [
+    ("math500", "20", 10),
+    ("aime2024", "21", 11),
+    ("aime2025", "22", 12),
+    ("amc23", "23", 13),
+    ("minerva", "24", 14),
+    ("olympiadbench", "25", 15),
+    ("gpqa_diamond", "C", 16),
+    ("gpqa_diamond", "A", 17),
+]
+REWARD_RATES = {
+    0: 0.5,
+    1: 1.0,
+    2: 1.0,
+    3: 0.5,
+    4: 0.0,
+    5: 0.5,
+    10: 1.0,
+    11: 0.0,
+    12: 0.5,
+    13: 0.5,
+    14: 1.0,
+    15: 0.5,
+    16: 1.0,
+    17: 0.5,
+}
 
 
 def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_session, tmp_path_factory, tokenizer):

@@ -84,17 +84,29 @@ def write_run(path, records: list[tuple[int, dict]]):
 
 
 def test_table_rows_best_last_and_pooling(tmp_path):
-    prompts = {"math500": 500, "aime2024": 30, "aime2025": 30, "amc23": 40, "minerva": 272,
-               "olympiadbench": 675, "gpqa_diamond": 198}
+    prompts = {
+        "math500": 500,
+        "aime2024": 30,
+        "aime2025": 30,
+        "amc23": 40,
+        "minerva": 272,
+        "olympiadbench": 675,
+        "gpqa_diamond": 198,
+    }
     means_50 = {**uniform(0.4), "aime2024": 0.1, "aime2025": 0.3}
     means_100 = uniform(0.5)  # the best mean over the six columns
     means_150 = uniform(0.45)
     passes = {**uniform(0.6), "math500": 0.9}
     run = tmp_path / "grpo_8b"
     run.mkdir()
-    write_run(run / "gdro_metrics.jsonl", [(50, val_record(means_50, passes, prompts)),
-                                           (100, val_record(means_100, passes, prompts)),
-                                           (150, val_record(means_150, passes, prompts))])
+    write_run(
+        run / "gdro_metrics.jsonl",
+        [
+            (50, val_record(means_50, passes, prompts)),
+            (100, val_record(means_100, passes, prompts)),
+            (150, val_record(means_150, passes, prompts)),
+        ],
+    )
     (best,) = RT.build_rows([str(run)], "best")
     assert best.step == 100 and best.k == 8 and best.pass_source == "exact"
     assert best.columns["MATH500"] == 0.5

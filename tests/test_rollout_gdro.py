@@ -30,12 +30,25 @@ def _check_allocation(n, batch, cfg):
 def test_exact_budget_and_bounds_over_random_batches(allocator, batch, n_min, extra_mean, extra_max, outcome, seed):
     n_mean = n_min + extra_mean
     cfg = gdro_config_from_dict(
-        {"rollout": {"enable": True, "allocator": allocator, "n_min": n_min, "n_mean": n_mean, "n_max": n_mean + extra_max, "seed": seed}}
+        {
+            "rollout": {
+                "enable": True,
+                "allocator": allocator,
+                "n_min": n_min,
+                "n_mean": n_mean,
+                "n_max": n_mean + extra_max,
+                "seed": seed,
+            }
+        }
     )
     num_prompts = 3 * batch
     ctl = GDROController(cfg, num_prompts)
     rng = np.random.default_rng(seed)
-    p_true = {"random": rng.random(num_prompts), "solved": np.ones(num_prompts), "unsolvable": np.zeros(num_prompts)}.get(outcome)
+    p_true = {
+        "random": rng.random(num_prompts),
+        "solved": np.ones(num_prompts),
+        "unsolvable": np.zeros(num_prompts),
+    }.get(outcome)
     for _ in range(4):
         ids = rng.choice(num_prompts, batch, replace=False)
         n = ctl.schedule(ids)

@@ -92,13 +92,24 @@ def test_per_prompt_variance_separates_unsolvable_from_hard_prompts():
     eff_prompt, true_prompt, kinds_prompt, ctl = _run("prompt")
     # With the bin's v_b both kinds in bin 0 get the same count; per prompt, the solvable ones get more.
     assert kinds_prompt["solvable"] > kinds_prompt["unsolvable"] + 1.0
-    assert abs(kinds_bin["solvable"] - kinds_bin["unsolvable"]) < abs(kinds_prompt["solvable"] - kinds_prompt["unsolvable"])
+    assert abs(kinds_bin["solvable"] - kinds_bin["unsolvable"]) < abs(
+        kinds_prompt["solvable"] - kinds_prompt["unsolvable"]
+    )
     # Against the TRUE per-prompt variances, the per-prompt allocator gets more of the oracle's reduction.
     assert true_prompt > true_bin + 0.05
     assert eff_prompt > eff_bin
     m = ctl.metrics()
-    for key in ("proxy", "proxy_uniform", "proxy_oracle", "reduction", "variance_reduction", "oracle_reduction",
-                "oracle_variance_reduction", "efficiency", "seen_share"):
+    for key in (
+        "proxy",
+        "proxy_uniform",
+        "proxy_oracle",
+        "reduction",
+        "variance_reduction",
+        "oracle_reduction",
+        "oracle_variance_reduction",
+        "efficiency",
+        "seen_share",
+    ):
         assert np.isfinite(m[f"gdro/se/{key}"]), key
     assert m["gdro/se/seen_share"] > 0.9
 

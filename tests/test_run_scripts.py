@@ -200,9 +200,7 @@ def dry_runs(request, tmp_path_factory):
     needed = _needed_jobs(request.session)
     workers = max(2, os.cpu_count() or 2)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
-    futures = {
-        key: pool.submit(run_script, s, a, env=e, cwd=tmp) for key, (s, a, e) in jobs.items() if key in needed
-    }
+    futures = {key: pool.submit(run_script, s, a, env=e, cwd=tmp) for key, (s, a, e) in jobs.items() if key in needed}
     yield {"futures": futures, "tmp": tmp, "custom_data": custom_data}
     pool.shutdown(wait=True)
 
@@ -214,7 +212,9 @@ def _result(dry_runs, key) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("size,method", GRID, ids=[f"{s}_{m}" for s, m in GRID])
 def test_dry_run_resolves_paper_protocol(dry_runs, size, method):
     proc = _result(dry_runs, (size, method))
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    )
     assert "dry run OK" in proc.stdout
     keys, gdro = parse_dry_run(proc.stdout)
 
@@ -473,8 +473,11 @@ def test_operations_environment(tmp_path, stub_python):
     stub, read = stub_python
     env = clean_env(PYTHON=str(stub), DRY_RUN="1", LOGGER="console")
     script = script_path("4b", "grpo")
-    proc = run_script(script, env={**env, "MAX_CKPT_TO_KEEP": "0", "TQ_STORAGE_UNITS": "1",
-                                   "ATTN_IMPLEMENTATION": "sdpa"}, cwd=tmp_path)
+    proc = run_script(
+        script,
+        env={**env, "MAX_CKPT_TO_KEEP": "0", "TQ_STORAGE_UNITS": "1", "ATTN_IMPLEMENTATION": "sdpa"},
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     argv = read()
     assert "trainer.max_actor_ckpt_to_keep=null" in argv  # 0 = keep all
@@ -521,7 +524,8 @@ def test_local_model_path_must_be_a_model(tmp_path, stub_python):
     assert proc.returncode == 0, proc.stderr
     assert f"actor_rollout_ref.model.path='{model}'" in read()
     # an HF id with HF_HUB_OFFLINE: a reminder that it must be cached on every node
-    proc = run_script(script_path("4b", "grpo"), env={**env, "MODEL_PATH": "Qwen/Qwen3-4B-Base", "HF_HUB_OFFLINE": "1"},
-                      cwd=tmp_path)
+    proc = run_script(
+        script_path("4b", "grpo"), env={**env, "MODEL_PATH": "Qwen/Qwen3-4B-Base", "HF_HUB_OFFLINE": "1"}, cwd=tmp_path
+    )
     assert proc.returncode == 0 and "must already be in the hub cache of every node" in proc.stderr
     assert read() is not None

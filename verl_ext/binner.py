@@ -51,9 +51,13 @@ def check_prompt_ids(
         out = np.empty(len(arr), dtype=np.int64)
         for row, value in enumerate(arr.tolist()):
             if value is None or (isinstance(value, float) and not np.isfinite(value)):
-                raise PromptIdError(f"{what}: row {row} has no id (value {value!r}); every prompt needs extra_info.index")
+                raise PromptIdError(
+                    f"{what}: row {row} has no id (value {value!r}); every prompt needs extra_info.index"
+                )
             if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
-                raise PromptIdError(f"{what}: row {row} has id {value!r} of type {type(value).__name__}; ids must be integers")
+                raise PromptIdError(
+                    f"{what}: row {row} has id {value!r} of type {type(value).__name__}; ids must be integers"
+                )
             if not float(value).is_integer():
                 raise PromptIdError(f"{what}: row {row} has a non-integer id {value!r}")
             out[row] = int(value)
@@ -103,7 +107,9 @@ class OnlineDifficultyBinner:
         self.edges = np.asarray(config.edges(), dtype=np.float64)
         self.num_bins = len(self.edges) - 1
         self.num_groups = self.num_bins + (1 if config.unseen == "own_bin" else 0)
-        self.unseen_group = self.num_bins if config.unseen == "own_bin" else self._bin_of(np.array([config.unseen_prior]))[0]
+        self.unseen_group = (
+            self.num_bins if config.unseen == "own_bin" else self._bin_of(np.array([config.unseen_prior]))[0]
+        )
         h = config.window
         # Layout for O(batch) steps on a 1M-prompt table (every array is zero-initialised, so
         # np.zeros maps pages lazily and untouched prompts cost no memory):
@@ -168,7 +174,9 @@ class OnlineDifficultyBinner:
         correct = np.asarray(correct, dtype=np.int64)
         rollouts = np.asarray(rollouts, dtype=np.int64)
         if correct.shape != ids.shape or rollouts.shape != ids.shape:
-            raise ValueError(f"binner.update: shapes differ: ids {ids.shape}, correct {correct.shape}, rollouts {rollouts.shape}")
+            raise ValueError(
+                f"binner.update: shapes differ: ids {ids.shape}, correct {correct.shape}, rollouts {rollouts.shape}"
+            )
         if np.any(rollouts < 1) or np.any(correct < 0) or np.any(correct > rollouts):
             row = int(np.argmax((rollouts < 1) | (correct < 0) | (correct > rollouts)))
             raise ValueError(
@@ -229,7 +237,9 @@ class OnlineDifficultyBinner:
                 f"this run has num_prompts={self.num_prompts}, window={self.config.window}"
             )
         if not np.array_equal(np.asarray(state["edges"]), self.edges):
-            raise ValueError(f"binner checkpoint bin edges {list(state['edges'])} differ from the config's {list(self.edges)}")
+            raise ValueError(
+                f"binner checkpoint bin edges {list(state['edges'])} differ from the config's {list(self.edges)}"
+            )
         self._meta[...] = state["meta"]
         self._ring[...] = state["ring"]
         self._num_seen = int(np.count_nonzero(self._meta[:, _VISITS]))

@@ -104,8 +104,10 @@ class GDROController:
         """
         cfg = self.config
         if response_abs_advantage is None and cfg.prompt.enable:
-            for needs, key in ((cfg.prompt.normalize == "advantage_mass", "gdro.prompt.normalize=advantage_mass"),
-                               (cfg.prompt.loss_signal == "mean_abs_advantage", "gdro.prompt.loss_signal=mean_abs_advantage")):
+            for needs, key in (
+                (cfg.prompt.normalize == "advantage_mass", "gdro.prompt.normalize=advantage_mass"),
+                (cfg.prompt.loss_signal == "mean_abs_advantage", "gdro.prompt.loss_signal=mean_abs_advantage"),
+            ):
                 if needs:
                     raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
         pid = np.asarray(response_prompt_ids, dtype=np.int64)
@@ -141,7 +143,9 @@ class GDROController:
         return multipliers
 
     # ------------------------------------------------------------------ metrics
-    def _step_metrics(self, groups, correct, rollouts, multipliers, response_groups, update, abs_adv) -> dict[str, float]:
+    def _step_metrics(
+        self, groups, correct, rollouts, multipliers, response_groups, update, abs_adv
+    ) -> dict[str, float]:
         G = self.num_groups
         n_prompts = max(len(groups), 1)
         prompt_count = np.bincount(groups, minlength=G)
@@ -184,7 +188,9 @@ class GDROController:
         m["gdro/multiplier_max"] = float(multipliers.max()) if len(multipliers) else 1.0
         m["gdro/multiplier_min"] = float(multipliers.min()) if len(multipliers) else 1.0
         has_unseen_group = self.num_groups > self.binner.num_bins
-        m["gdro/binner/unseen_in_batch"] = float(prompt_count[self.binner.unseen_group]) if has_unseen_group else float("nan")
+        m["gdro/binner/unseen_in_batch"] = (
+            float(prompt_count[self.binner.unseen_group]) if has_unseen_group else float("nan")
+        )
         m["gdro/binner/nonfinite_rewards"] = float(update.num_nonfinite)
         m["gdro/binner/nonfinite_rewards_total"] = float(self.binner.total_nonfinite)
         m["gdro/binner/moved"] = float(update.num_moved)

@@ -389,7 +389,10 @@ class RolloutGDRO:
             raise ValueError(f"rollout_gdro checkpoint has {variance.shape[0]} groups; this run has {self.num_groups}")
         arm_scores = np.asarray(state["arm_scores"], dtype=np.float64)
         if arm_scores.shape != self.arm_scores.shape:
-            raise ValueError(f"rollout_gdro checkpoint has arms {arm_scores.shape[1]}; this run has {len(self.arms)} (n_min..n_max changed)")
+            raise ValueError(
+                f"rollout_gdro checkpoint has arms {arm_scores.shape[1]}; this run has {len(self.arms)} "
+                "(n_min..n_max changed)"
+            )
         self.variance = variance.copy()
         self.observed = np.asarray(state["observed"], dtype=bool).copy()
         self.log_mu = float(state["log_mu"])

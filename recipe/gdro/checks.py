@@ -296,7 +296,7 @@ def prompt_ids_of_table(table, what: str) -> np.ndarray:
         ids = column.field("index").to_pylist()
         # A null struct means no extra_info at all in that row.
         valid = column.is_valid().to_pylist()
-        ids = [i if ok else None for i, ok in zip(ids, valid)]
+        ids = [i if ok else None for i, ok in zip(ids, valid, strict=True)]
     else:
         ids = [(row or {}).get("index") if isinstance(row, dict) else None for row in column.to_pylist()]
     return check_prompt_ids(ids, what=f"{what} extra_info.index")
@@ -389,7 +389,9 @@ def probe_reward_acc(config: DictConfig, data: DataCheck) -> RewardProbe:
         fn_name = "verl.utils.reward_score.default_compute_score"
     probe = RewardProbe(function=fn_name, manager=manager, results={})
     if reward.get("reward_model", {}).get("enable", False) and not custom.get("path"):
-        probe.notes.append("reward.reward_model.enable=true: acc comes from the reward model; checked at the first step")
+        probe.notes.append(
+            "reward.reward_model.enable=true: acc comes from the reward model; checked at the first step"
+        )
         return probe
     if manager not in FLOAT_ACC_MANAGERS:
         probe.notes.append(f"reward manager {manager!r}: `acc` in reward_extra_info is checked at the first step")

@@ -243,21 +243,40 @@ def check_group_sizes(scheduled: Mapping[Any, int], realised_keys: Sequence[Any]
     return GroupSizeReport(scheduled, dict(counts), mismatched, unexpected)
 
 
-
-
 # --------------------------------------------------------------------------------------- KV cache
 # Shapes from the models' config.json (hidden_size, intermediate_size, num_hidden_layers,
 # num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings).
 KNOWN_MODELS = {
-    "Qwen/Qwen3-1.7B-Base": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                                 tie_word_embeddings=True),
-    "Qwen/Qwen3-4B-Base": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                               tie_word_embeddings=True),
-    "Qwen/Qwen3-8B-Base": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936,
-                               tie_word_embeddings=False),
+    "Qwen/Qwen3-1.7B-Base": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-4B-Base": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-8B-Base": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
 }
 ASSUMED_GPU_GIB = 79.2  # an "80 GB" A100 / H100 as torch reports it
 NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers (no CUDA graphs)
@@ -313,8 +332,11 @@ class KVEstimate:
             f"overhead, at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs {self.sequences_per_replica:g} "
             f"sequences x {self.max_seq_len} tokens = {self.worst_case_tokens_per_replica / 1e6:.2f}M per replica "
             f"if all ran to the limit ({self.replicas} replicas): "
-            + ("fits" if self.tokens_per_replica >= self.worst_case_tokens_per_replica
-               else "vLLM queues what does not fit (docs/cluster.md)")
+            + (
+                "fits"
+                if self.tokens_per_replica >= self.worst_case_tokens_per_replica
+                else "vLLM queues what does not fit (docs/cluster.md)"
+            )
         )
 
 
@@ -338,8 +360,9 @@ def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Op
     replicas = max(n_gpus // tp, 1)
     rows = int(config.data.train_batch_size) * int(rollout.n)
     seq = int(rollout.prompt_length) + int(rollout.response_length)
-    return KVEstimate(max(kv_gib, 0) * GIB / per_token, per_token, weights, kv_gib, gpu_gib, replicas,
-                      rows / replicas, seq)
+    return KVEstimate(
+        max(kv_gib, 0) * GIB / per_token, per_token, weights, kv_gib, gpu_gib, replicas, rows / replicas, seq
+    )
 
 
 def _local_gpu_gib() -> Optional[float]:

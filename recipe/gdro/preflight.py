@@ -144,7 +144,7 @@ def probe_nodes(config: DictConfig, modules: Sequence[str], *, timeout: float = 
         for node in nodes
     }
     try:
-        results = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout)))
+        results = dict(zip(refs, ray.get(list(refs.values()), timeout=timeout), strict=True))
     except Exception as e:  # noqa: BLE001 - e.g. the probe itself cannot be unpickled: recipe not importable
         raise PreflightError(
             f"Ray workers cannot run the recipe's code: {type(e).__name__}: {e}. The code reaches workers through "
@@ -190,7 +190,7 @@ def vllm_group_sizes(config: DictConfig, counts: dict[str, int]) -> tuple[list[s
         for i, k in enumerate(keys)
     ]
     outputs = llm.generate([PREFLIGHT_PROMPT] * len(keys), params)
-    realised = [k for k, out in zip(keys, outputs) for _ in out.outputs]
+    realised = [k for k, out in zip(keys, outputs, strict=True) for _ in out.outputs]
     generated = time.monotonic() - t0 - started
     facts: dict[str, Any] = {"engine_start_s": round(started, 1), "generate_s": round(generated, 1)}
     try:  # KV-cache capacity vLLM allocated (tokens per replica), to compare with docs/cluster.md

@@ -49,7 +49,12 @@ COLUMNS: list[tuple[str, tuple[str, ...]]] = [
 DATA_SOURCES = [s for _, sources in COLUMNS for s in sources]
 # Published sizes of the sets (prompts), used to pool verl's best@k when a line has no prompt counts.
 SET_SIZES = {
-    "math500": 500, "aime2024": 30, "aime2025": 30, "amc23": 40, "minerva": 272, "olympiadbench": 675,
+    "math500": 500,
+    "aime2024": 30,
+    "aime2025": 30,
+    "amc23": 40,
+    "minerva": 272,
+    "olympiadbench": 675,
     "gpqa_diamond": 198,
 }
 
@@ -104,8 +109,10 @@ def _pass_at(record: dict, source: str, k: int, where: str) -> tuple[float, floa
     boot = record.get(f"val-core/{source}/acc/best@{k}/mean")
     if isinstance(boot, (int, float)) and not math.isnan(boot):
         return float(boot), float(SET_SIZES[source]), "verl-bootstrap"
-    raise ResultsTableError(f"{where}: no pass@{k} for {source!r} (neither gdro/val/{source}/acc/pass@{k} "
-                            f"nor val-core/{source}/acc/best@{k}/mean)")
+    raise ResultsTableError(
+        f"{where}: no pass@{k} for {source!r} (neither gdro/val/{source}/acc/pass@{k} "
+        f"nor val-core/{source}/acc/best@{k}/mean)"
+    )
 
 
 def table_row(run: str, record: dict) -> Row:
@@ -128,7 +135,7 @@ def table_row(run: str, record: dict) -> Row:
 def select_row(run: str, records: list[dict], step: str) -> Row:
     if not records:
         raise ResultsTableError(
-            f"{run}: no validation lines ({{\"{VAL_STEP_KEY}\": N, ...}}); the run never validated with the GDRO "
+            f'{run}: no validation lines ({{"{VAL_STEP_KEY}": N, ...}}); the run never validated with the GDRO '
             "trainer (trainer.test_freq > 0 or trainer.val_before_train=true, and gdro.metrics_file set)"
         )
     if step == "last":
@@ -184,14 +191,22 @@ def write_csv(rows: Sequence[Row], path: str) -> None:
         writer.writerow(["run", "step", "k", *[h for h, _ in COLUMNS], "pass_at_k", "pass_source", "benchmark_mean"])
         for r in rows:
             writer.writerow(
-                [r.run, r.step, r.k, *[f"{100 * r.columns[h]:.4f}" for h, _ in COLUMNS],
-                 f"{100 * r.pass_at_k:.4f}", r.pass_source, f"{100 * r.benchmark_mean:.4f}"]
+                [
+                    r.run,
+                    r.step,
+                    r.k,
+                    *[f"{100 * r.columns[h]:.4f}" for h, _ in COLUMNS],
+                    f"{100 * r.pass_at_k:.4f}",
+                    r.pass_source,
+                    f"{100 * r.benchmark_mean:.4f}",
+                ]
             )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.results_table", description=__doc__,
+        prog="python -m recipe.gdro.results_table",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("runs", nargs="+", metavar="RUN", help=f"a run's {METRICS_FILE} or the folder holding it")

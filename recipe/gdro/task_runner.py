@@ -69,7 +69,6 @@ class GDROTaskRunner:
 
     def run(self, config: DictConfig):
         import transfer_queue as tq
-
         from verl.utils.logging_utils import configure_verl_logging
 
         configure_verl_logging()

@@ -234,15 +234,15 @@ class GDROTrainerSync(PPOTrainerSync):
         stale = [u for u, (_, _, step) in self._gdro_uid_map.items() if step < self.global_steps]
         for u in stale:
             del self._gdro_uid_map[u]
-        for uid, pid, n in zip(uids, pids.tolist(), counts.tolist()):
+        for uid, pid, n in zip(uids, pids.tolist(), counts.tolist(), strict=True):
             if "_" in uid:
                 raise RuntimeError(f"uid {uid!r} contains '_', which breaks verl's trajectory keys")
             self._gdro_uid_map[uid] = (int(pid), int(n), int(self.global_steps))
         p = self._gdro_pending
         p["gdro/recipe/prompts"] = p.get("gdro/recipe/prompts", 0.0) + float(len(pids))
         p["gdro/recipe/scheduled_rollouts"] = p.get("gdro/recipe/scheduled_rollouts", 0.0) + float(counts.sum())
-        p["gdro/recipe/budget_target"] = (
-            p.get("gdro/recipe/budget_target", 0.0) + float(len(pids) * self.gdro_config.rollout.n_mean)
+        p["gdro/recipe/budget_target"] = p.get("gdro/recipe/budget_target", 0.0) + float(
+            len(pids) * self.gdro_config.rollout.n_mean
         )
         p["gdro/recipe/scheduled_n_min"] = float(min(p.get("gdro/recipe/scheduled_n_min", math.inf), counts.min()))
         p["gdro/recipe/scheduled_n_max"] = float(max(p.get("gdro/recipe/scheduled_n_max", -math.inf), counts.max()))

@@ -63,7 +63,7 @@ def math_rows(answers: list[int], index: list[Any] | None = None) -> list[dict]:
     """DAPO-format rows (data_source math_dapo); ``index[i]`` None leaves extra_info.index out."""
     index = list(range(len(answers))) if index is None else index
     rows = []
-    for k, (answer, idx) in enumerate(zip(answers, index)):
+    for k, (answer, idx) in enumerate(zip(answers, index, strict=True)):
         extra = {"split": "train"}
         if idx is not None:
             extra["index"] = idx
@@ -153,8 +153,16 @@ def make_scripted_worker_cls():
             try:
                 index, session, step = int(kwargs["index"]), int(kwargs["session_id"]), int(kwargs["global_steps"])
                 if (index, session, step) in self.script.fail and not trajectory["validate"]:
-                    self.script_log.append({"step": step, "uid": str(kwargs["uid"]), "index": index,
-                                            "session": session, "correct": None, "failed": True})
+                    self.script_log.append(
+                        {
+                            "step": step,
+                            "uid": str(kwargs["uid"]),
+                            "index": index,
+                            "session": session,
+                            "correct": None,
+                            "failed": True,
+                        }
+                    )
                     return await self._agent_loop_postprocess([], trajectory["validate"], **kwargs)
                 messages = list(kwargs["raw_prompt"])
                 prompt_text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -306,7 +314,7 @@ class FakeActorWorkerGroup:
         rollout = data["rollout_log_probs"]
         r_values, r_offsets = rollout.values(), rollout.offsets()
         log_probs, entropy = [], []
-        for i, (p, r) in enumerate(zip(p_lens, r_lens)):
+        for i, (p, r) in enumerate(zip(p_lens, r_lens, strict=True)):
             full = torch.zeros(p + r, dtype=torch.float32)
             full[p - 1 : p - 1 + r] = r_values[r_offsets[i] : r_offsets[i + 1]] - shift
             log_probs.append(full)
