@@ -54,3 +54,16 @@ def test_readme_links_to_docs_that_exist():
         assert (REPO / target).exists(), f"README links to {target}, which is not in the repository"
     for name in ("LICENSE",):
         assert (REPO / name).exists()
+
+
+def test_readme_results_tables_are_the_ones_commands_write():
+    """Every table in the README is the config reference, the folder map, or pasted from a command."""
+    from recipe.gdro.sim_sweep import COMPARE_HEADER
+
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    headers = {
+        ln for ln, nxt in zip(lines, lines[1:] + [""], strict=True) if ln.startswith("| ") and nxt.startswith("|---")
+    }
+    descriptive = {"| folder | what it holds |", "| key | default | meaning |"}
+    assert COMPARE_HEADER in headers, "the README's simulator table is sim_sweep's headline.md"
+    assert headers <= descriptive | {COMPARE_HEADER}, headers - descriptive
