@@ -81,7 +81,7 @@ def make_controller(num_prompts: int, n_mean: int, allocator: str, warm_steps: i
         ids = rng.choice(num_prompts, batch, replace=False)
         n = ctl.schedule(ids)
         rp = np.repeat(ids, n)
-        ctl.observe(rp, rng.random(len(rp)) < p_true[rp])
+        ctl.observe(rp, rng.random(len(rp)) < p_true[rp], np.abs(rng.standard_normal(len(rp))))
     return ctl
 
 
