@@ -146,14 +146,19 @@ def test_ship_code_adds_the_three_packages_to_the_ray_runtime_env():
     assert OmegaConf.select(other, cluster.PY_MODULES_KEY, default=None) is None
 
 
-def test_recipe_resolving_only_to_other_namespace_portions_is_refused(monkeypatch):
+def test_namespace_recipe_ships_this_repositorys_portion_whatever_its_path_entries(monkeypatch):
+    """An editable install lists a setuptools path hook, not a folder, in ``recipe.__path__``."""
     import types
 
     fake = types.ModuleType("recipe")
-    fake.__path__ = ["/site-packages/recipe"]  # a namespace package has no __file__
+    fake.__path__ = ["__editable__.verl_gdro-0.1.0.finder.__path_hook__", "/site-packages/recipe"]
     monkeypatch.setitem(sys.modules, "recipe", fake)
-    with pytest.raises(GDRORecipeError, match="none of which is this repository's"):
-        cluster.package_dir("recipe")
+    assert Path(cluster.package_dir("recipe")) == REPO / "recipe"
+    other = types.ModuleType("other_ns")
+    other.__path__ = ["/somewhere"]
+    monkeypatch.setitem(sys.modules, "other_ns", other)
+    with pytest.raises(GDRORecipeError, match="namespace package"):
+        cluster.package_dir("other_ns")
 
 
 def test_offline_hub_flags_are_forwarded_to_workers():

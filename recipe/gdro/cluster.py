@@ -115,20 +115,18 @@ PY_MODULES_KEY = "ray_kwargs.ray_init.runtime_env.py_modules"
 def package_dir(name: str) -> str:
     """The directory of this repository's ``name`` package, to ship to Ray workers.
 
-    ``recipe`` is a namespace package (TransferQueue and other recipes install portions of it too):
-    ship only this repository's portion, the one that holds ``recipe/gdro``.
+    ``recipe`` is a namespace package (TransferQueue and other recipes install portions of it too, and
+    an editable install lists a path hook, not a folder, in its ``__path__``): ship this repository's
+    portion, the folder that holds this module's package ``recipe/gdro``.
     """
     module = importlib.import_module(name)
     path = getattr(module, "__file__", None)
     if path:
         return os.path.dirname(os.path.abspath(path))
-    own_portion = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <repo>/recipe
-    portions = [os.path.abspath(p) for p in getattr(module, "__path__", [])]
-    if name == "recipe" and own_portion in portions:
-        return own_portion
+    if name == "recipe":
+        return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <repo>/recipe
     raise GDRORecipeError(
-        f"package {name!r} resolves to the namespace portions {portions}, none of which is this repository's "
-        f"({own_portion}); run from the repository root or pip install -e ."
+        f"package {name!r} is a namespace package {list(getattr(module, '__path__', []))}; cannot ship it"
     )
 
 
