@@ -29,7 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.checks import GDRORecipeError, prepare
+from recipe.gdro.checks import GDROConfigError, GDRORecipeError, PromptIdError, prepare
 from recipe.gdro.cluster import (
     ATTN_MODULES,
     check_attention,
@@ -207,13 +207,12 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
     stderr = stderr or sys.stderr
     try:
         prepared = prepare(config)
-    except GDRORecipeError as e:
+    except (GDROConfigError, GDRORecipeError, PromptIdError) as e:  # the start-up checks refuse: 2, as a launch
         print(f"gdro preflight: error: {e}", file=stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - verl_ext config errors, prompt ids, verl's validation
-        status = 2 if type(e).__name__ in ("GDROConfigError", "PromptIdError") else 1
-        print(f"gdro preflight: error: {type(e).__name__}: {e}", file=stderr)
-        return status
+    except Exception as e:  # noqa: BLE001 - verl's validation raises assertions, ValueErrors, Hydra errors...
+        print(f"gdro preflight: verl config validation failed: {type(e).__name__}: {e}", file=stderr)
+        return 1
     counts = scheduled_counts(config, prepared.gdro)
     log("plan:", stdout)
     for line in plan_lines(config, counts):
