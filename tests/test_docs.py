@@ -67,3 +67,16 @@ def test_readme_results_tables_are_the_ones_commands_write():
     descriptive = {"| folder | what it holds |", "| key | default | meaning |"}
     assert COMPARE_HEADER in headers, "the README's simulator table is sim_sweep's headline.md"
     assert headers <= descriptive | {COMPARE_HEADER}, headers - descriptive
+
+
+def test_no_references_to_documents_outside_the_repository():
+    """The design brief lives outside the repository: code and docs cite the paper and docs/ instead."""
+    marker = "DESIGN" + " §"  # spelt in two parts so this file does not match itself
+    offenders = []
+    for pattern in ("**/*.py", "**/*.md", "**/*.sh", "**/*.yaml"):
+        for path in REPO.glob(pattern):
+            if ".venv" in path.parts or "outputs" in path.parts:
+                continue
+            if marker in path.read_text(encoding="utf-8", errors="replace"):
+                offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, offenders

@@ -1,4 +1,4 @@
-"""Online difficulty binner (paper §3.1.2; DESIGN §2.1).
+"""Online difficulty binner (paper §3.1.2; docs/controllers.md).
 
 Each prompt, keyed by its stable dataset id, keeps a ring buffer of its last H visits, one
 ``(correct, rollouts)`` pair per visit. Its difficulty statistic is the windowed mean accuracy

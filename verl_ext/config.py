@@ -54,7 +54,7 @@ def _check_positive(name: str, value: float) -> None:
 
 @dataclass
 class BinnerConfig:
-    """Online difficulty binner (paper §3.1.2; DESIGN §2.1).
+    """Online difficulty binner (paper §3.1.2; docs/controllers.md).
 
     Attributes:
         num_bins: K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored

@@ -17,7 +17,7 @@ observation sets its score (shrunk toward the batch's reference level) instead o
 Each response's GRPO advantage is multiplied by its prompt's group weight q_t(b), normalised
 (``normalize``) and capped at ω_max. ``all_responses`` rescales to mean 1 over all responses (the
 authors' code); since all-correct / all-wrong groups carry zero advantage, that inflates the
-advantage mass Σ|A·m| / Σ|A| (1.97-2.43 on the simulator's scenarios), i.e. acts as a larger
+advantage mass Σ|A·m| / Σ|A| (2.1-2.7 in the simulator study, docs/controllers.md), i.e. acts as a larger
 step size. ``advantage_mass`` rescales so Σ|A·m| = Σ|A|: only the direction changes. Scaling a
 PPO advantage by a positive constant scales its clipped surrogate term by the same constant, so
 this is done on the driver.
@@ -28,7 +28,7 @@ one. By default the weights applied at step t already include step t's losses; `
 uses the scores before this step's update (the released code reads them after the actor step).
 
 The per-prompt loss ℓ(x) is pluggable (the paper's PPO-surrogate signal is ≈ 0 in expectation
-under GRPO's zero-mean group advantages, see DESIGN §2.2):
+under GRPO's zero-mean group advantages; docs/controllers.md):
 
     failure_rate        ℓ = 1 - p̂                 (this visit's pass rate p̂ = correct / n)
     learnability        ℓ = p̂ (1 - p̂)             (Bernoulli variance: GRPO's signal strength)
