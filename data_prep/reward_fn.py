@@ -18,7 +18,7 @@ With the ``pkg://`` form (the launch scripts') verl imports it as the package mo
 ``data_prep.reward_fn`` (``importlib.import_module`` in ``verl.utils.import_utils.load_module``)
 inside the reward workers, which Ray spreads over every node: ``data_prep`` must be importable
 there. The recipe's entry point ships it (with ``recipe`` and ``verl_ext``) to all workers through
-Ray's runtime_env ``py_modules`` (recipe/gdro/cluster.py; docs/cluster.md). A file path instead
+Ray's runtime_env ``py_modules`` (recipe/gdro/startup/cluster.py; docs/cluster.md). A file path instead
 is loaded with ``spec_from_file_location`` and must exist at that path on every node. Either way
 the module imports nothing else from this repository: only the standard library and verl.
 """

@@ -218,7 +218,7 @@ def patched_transport(store: InProcessStore):
 def bench_config(variant_overrides: list[str], B: int, n_mean: int, T: int, out_dir: str):
     from omegaconf import OmegaConf
 
-    from recipe.gdro.main_gdro import compose_config
+    from recipe.gdro.startup.cli import compose_config
 
     config = compose_config(
         [

@@ -1,4 +1,4 @@
-"""Cluster readiness checks that run on CPU (recipe/gdro/cluster.py, recipe/gdro/preflight.py).
+"""Cluster readiness checks that run on CPU (recipe/gdro/startup/cluster.py, recipe/gdro/startup/preflight.py).
 
 flash_attn and vllm are absent on this machine, which is what the attention check and the
 preflight's refusal are tested against. The multi-node code shipping is in test_multinode.py.
@@ -18,9 +18,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_helpers import standins as S  # noqa: E402
 from test_recipe_dry_run import paper_overrides  # noqa: E402
 
-from recipe.gdro import cluster, preflight  # noqa: E402
-from recipe.gdro.checks import GDRORecipeError  # noqa: E402
-from recipe.gdro.main_gdro import cli, compose_config  # noqa: E402
+from recipe.gdro.main_gdro import cli  # noqa: E402
+from recipe.gdro.startup import cluster, preflight  # noqa: E402
+from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
+from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SDPA = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
@@ -239,7 +240,7 @@ def test_group_size_check_on_fake_engine_output():
 
 
 def test_preflight_counts_use_the_rollout_bounds():
-    from recipe.gdro.checks import build_gdro_config
+    from recipe.gdro.startup.checks import build_gdro_config
 
     on = compose_config(["gdro.rollout.enable=true"])
     assert preflight.scheduled_counts(on, build_gdro_config(on)) == {"a": 2, "b": 12}

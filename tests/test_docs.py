@@ -58,7 +58,7 @@ def test_readme_links_to_docs_that_exist():
 
 def test_readme_results_tables_are_the_ones_commands_write():
     """Every table in the README is the config reference, the folder map, or pasted from a command."""
-    from recipe.gdro.sim_sweep import COMPARE_HEADER
+    from recipe.gdro.sim.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     headers = {

@@ -4,7 +4,7 @@ A Ray head is started (``ray start --head --block``, its own temp dir) whose pro
 this repository: their ``PYTHONPATH`` holds only a ``sitecustomize`` that removes the editable
 install's finder and the repository paths, as on a second node where the package is not installed.
 The driver (this process) then connects the way verl's ``run_ppo`` does -- its runtime_env merged
-with ``ray_kwargs.ray_init.runtime_env``, where :func:`recipe.gdro.cluster.ship_code_to_workers`
+with ``ray_kwargs.ray_init.runtime_env``, where :func:`recipe.gdro.startup.cluster.ship_code_to_workers`
 puts ``py_modules`` -- and runs the preflight's import probe on the node.
 
 Without shipping, the worker cannot even load the probe (``No module named 'recipe.gdro'``); with
@@ -29,9 +29,9 @@ import pytest
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
-from recipe.gdro import cluster  # noqa: E402
-from recipe.gdro.main_gdro import compose_config  # noqa: E402
-from recipe.gdro.preflight import PreflightError, probe_nodes  # noqa: E402
+from recipe.gdro.startup import cluster  # noqa: E402
+from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.startup.preflight import PreflightError, probe_nodes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_BIN = Path(sys.executable).with_name("ray")

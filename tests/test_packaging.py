@@ -41,7 +41,7 @@ out = {
     "recipe_path": list(recipe.__path__),
     "gdro": recipe.gdro.__file__,
     "config": (importlib.resources.files("recipe.gdro") / "config" / "gdro_trainer.yaml").is_file(),
-    "scenario": (importlib.resources.files("recipe.gdro") / "scenarios" / "dapo_like.yaml").is_file(),
+    "scenario": (importlib.resources.files("recipe.gdro") / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
 }
 for name in sys.argv[1:]:
     module = importlib.import_module(name)
@@ -95,7 +95,7 @@ def test_wheel_contents(wheel):
         "recipe/gdro/main_gdro.py",
         "recipe/gdro/config/__init__.py",
         "recipe/gdro/config/gdro_trainer.yaml",
-        "recipe/gdro/scenarios/dapo_like.yaml",
+        "recipe/gdro/sim/scenarios/dapo_like.yaml",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",
     ):

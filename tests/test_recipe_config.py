@@ -19,14 +19,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recipe_helpers import standins as S  # noqa: E402
 
-from recipe.gdro import checks  # noqa: E402
-from recipe.gdro.checks import GDRORecipeError  # noqa: E402
-from recipe.gdro.main_gdro import compose_config  # noqa: E402
-from recipe.gdro.metrics_io import (  # noqa: E402
+from recipe.gdro.results.metrics_io import (  # noqa: E402
     append_metrics_jsonl,
     read_metrics_jsonl,
     rewind_metrics_jsonl,
 )
+from recipe.gdro.startup import checks  # noqa: E402
+from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
+from recipe.gdro.startup.cli import compose_config  # noqa: E402
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_to_dict  # noqa: E402
 
 YAML_PATH = Path(__file__).resolve().parents[1] / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"

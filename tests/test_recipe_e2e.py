@@ -39,8 +39,8 @@ tq = pytest.importorskip("transfer_queue")
 from omegaconf import OmegaConf  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
 
-from recipe.gdro.main_gdro import compose_config  # noqa: E402
-from recipe.gdro.metrics_io import read_metrics_jsonl  # noqa: E402
+from recipe.gdro.results.metrics_io import read_metrics_jsonl  # noqa: E402
+from recipe.gdro.startup.cli import compose_config  # noqa: E402
 from verl_ext import GDROController, gdro_config_from_dict  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -551,8 +551,8 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     sets scored by math_dapo, GPQA by letter (math_dapo would score "Answer: (B) option B" wrong, verl's
     default router has no GPQA scorer). Validation (before training and at step 2) lands in the metrics
     file and gives a Table-1 row."""
-    from recipe.gdro import results_table as RT
-    from recipe.gdro.metrics_io import read_validation_jsonl
+    from recipe.gdro.results import table as RT
+    from recipe.gdro.results.metrics_io import read_validation_jsonl
     from recipe.gdro.trainer import GDROTrainerSync
 
     script = S.Script(REWARD_RATES)

@@ -1,4 +1,4 @@
-"""Validation lines in the GDRO metrics file and the Table-1 command (recipe.gdro.results_table)."""
+"""Validation lines in the GDRO metrics file and the Table-1 command (recipe.gdro.results.table)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from recipe.gdro import results_table as RT
-from recipe.gdro.metrics_io import (
+from recipe.gdro.results import table as RT
+from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
     append_validation_jsonl,
     read_metrics_jsonl,

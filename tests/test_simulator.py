@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import yaml
 
-from recipe.gdro import plot as gdro_plot
-from recipe.gdro.metrics_io import append_metrics_jsonl
-from recipe.gdro.sim_methods import METHOD_PRESETS, parse_set_overrides
-from recipe.gdro.sim_scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
-from recipe.gdro.simulate import run_experiment, run_one
+from recipe.gdro.results import plot as gdro_plot
+from recipe.gdro.results.metrics_io import append_metrics_jsonl
+from recipe.gdro.sim import plots as sim_plots
+from recipe.gdro.sim.methods import METHOD_PRESETS, parse_set_overrides
+from recipe.gdro.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
+from recipe.gdro.sim.simulate import run_experiment, run_one
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,14 +161,14 @@ def test_methods_share_batches_and_reward_draws():
 # ------------------------------------------------------------------------------------ plotting
 def _capture_titles(monkeypatch):
     titles = []
-    real_save = gdro_plot._save
+    real_save = gdro_plot.save_figure
 
     def save(fig, path):
         sup = fig._suptitle.get_text() if fig._suptitle is not None else ""
         titles.append((os.path.basename(path), sup + " " + " ".join(ax.get_title() for ax in fig.axes)))
         return real_save(fig, path)
 
-    monkeypatch.setattr(gdro_plot, "_save", save)
+    monkeypatch.setattr(gdro_plot, "save_figure", save)
     return titles
 
 
@@ -226,7 +227,7 @@ def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
 
     # the standalone plotting tool re-renders a simulator folder
     again = tmp_path / "replot"
-    assert gdro_plot.main([str(out), "--out", str(again)]) == 0
+    assert sim_plots.main([str(out), "--out", str(again)]) == 0
     assert (again / "prompt_gdro_traveling_wave.png").stat().st_size > 5000
 
 
@@ -355,7 +356,7 @@ def test_cli_end_to_end(tmp_path):
     cmd = [
         sys.executable,
         "-m",
-        "recipe.gdro.simulate",
+        "recipe.gdro.sim.simulate",
         "--scenario",
         str(scen),
         "--out",
@@ -380,7 +381,7 @@ def test_cli_end_to_end(tmp_path):
     assert (out / "joint_traveling_wave.png").stat().st_size > 5000
 
     bad = subprocess.run(
-        [sys.executable, "-m", "recipe.gdro.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
+        [sys.executable, "-m", "recipe.gdro.sim.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -392,7 +393,7 @@ def test_cli_end_to_end(tmp_path):
 # ------------------------------------------------------------------------------------ issue 10
 def test_shared_learner_updates_interfere_and_can_forget():
     """Practising one skill moves every skill whose feature overlaps it; anti-aligned skills lose ability."""
-    from recipe.gdro.sim_learner import SharedLearner
+    from recipe.gdro.sim.learner import SharedLearner
 
     sc = scenario_from_dict(
         {
@@ -422,7 +423,7 @@ def test_shared_learner_updates_interfere_and_can_forget():
 
 def test_shared_learner_curvature_and_noise_hurt():
     """A step's squared norm costs general competence; noise scales with advantage mass."""
-    from recipe.gdro.sim_learner import SharedLearner
+    from recipe.gdro.sim.learner import SharedLearner
 
     sc = tiny(grad_noise=1.0, learner={"curvature": 1.0})
     lrn = SharedLearner(sc, seed=0)
@@ -447,7 +448,7 @@ def test_grpo_has_an_interior_best_learning_rate_on_the_shared_learner():
 
 
 def test_se_figures_use_true_variances_in_the_steady_state_window():
-    from recipe.gdro.simulate import steady_state_start
+    from recipe.gdro.sim.simulate import steady_state_start
 
     sc = tiny()
     assert steady_state_start(sc, 40) == 11  # 240 prompts / 24 per batch = 10 warm-up steps
@@ -466,7 +467,7 @@ def test_se_figures_use_true_variances_in_the_steady_state_window():
 
 
 def test_paired_ci():
-    from recipe.gdro.simulate import paired_ci
+    from recipe.gdro.sim.simulate import paired_ci
 
     mean, lo, hi, n = paired_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
     # d = 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 → half-width 4.303 / sqrt(3)
@@ -476,8 +477,8 @@ def test_paired_ci():
 
 
 def test_lr_scale_and_tuned_lr_lookup(tmp_path):
-    from recipe.gdro.sim_methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
-    from recipe.gdro.sim_sweep import LR_GRID, TUNE_PRESETS
+    from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+    from recipe.gdro.sim.sweep import LR_GRID, TUNE_PRESETS
 
     r = run_one(tiny(), "grpo", 0, steps=2, lr_scale=2.0)
     assert r["lr"] == pytest.approx(0.04) and r["lr_scale"] == 2.0
@@ -498,8 +499,8 @@ def test_lr_scale_and_tuned_lr_lookup(tmp_path):
 
 def test_docs_tables_have_the_format_the_commands_write():
     """Every results table in docs/simulator.md is pasted from a command's output: same header."""
-    from recipe.gdro.sim_sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
-    from recipe.gdro.simulate import RESULTS_HEADER
+    from recipe.gdro.sim.simulate import RESULTS_HEADER
+    from recipe.gdro.sim.sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
 
     docs = open(os.path.join(REPO, "docs", "simulator.md"), encoding="utf-8").read()
     for header in (COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER, RESULTS_HEADER):
@@ -535,7 +536,7 @@ def test_cli_set_typo_fails_fast_without_output_folder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys; from recipe.gdro.simulate import main; "
+            "import sys; from recipe.gdro.sim.simulate import main; "
             f"rc = main(['--set', 'prompt.nrmalize=x', '--out', {str(out)!r}]); "
             "print('verl imported' if 'verl.trainer.ppo.core_algos' in sys.modules else 'verl not imported'); "
             "sys.exit(rc)",
@@ -549,7 +550,11 @@ def test_cli_set_typo_fails_fast_without_output_folder(tmp_path):
     assert "verl not imported" in proc.stdout
     assert not out.exists()
     helptext = subprocess.run(
-        [sys.executable, "-m", "recipe.gdro.simulate", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "recipe.gdro.sim.simulate", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
     ).stdout
     for scen in shipped_scenarios():
         assert scen in helptext

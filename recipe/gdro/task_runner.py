@@ -18,7 +18,7 @@
 
 The only difference is the trainer class: ``trainer.v1.trainer_mode=sync`` runs
 :class:`recipe.gdro.trainer.GDROTrainerSync`; the other v1 modes (allowed only with both GDRO
-adversaries disabled, see :func:`recipe.gdro.checks.check_supported_modes`) run verl's own class.
+adversaries disabled, see :func:`recipe.gdro.startup.checks.check_supported_modes`) run verl's own class.
 It lives in its own module (not ``__main__``) so Ray workers import it by reference.
 """
 
@@ -79,8 +79,8 @@ class GDROTaskRunner:
         self.config = config
 
         # TransferQueue places one 1-CPU actor per storage unit: refuse a layout this Ray cluster cannot
-        # place, rather than letting tq.init wait forever (recipe.gdro.cluster.check_transfer_queue_cpus).
-        from recipe.gdro.cluster import check_transfer_queue_cpus
+        # place, rather than letting tq.init wait forever (recipe.gdro.startup.cluster.check_transfer_queue_cpus).
+        from recipe.gdro.startup.cluster import check_transfer_queue_cpus
 
         in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
         check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0)

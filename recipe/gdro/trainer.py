@@ -28,7 +28,7 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_validate`` / ``_val_metrics_update``
     at each validation, appends verl's ``val-core`` / ``val-aux`` metrics (plus, per data source, the
     prompt count and the exact pass@k) to the same file as a ``{"val_step": N, ...}`` line, which
-    ``python -m recipe.gdro.results_table`` turns into the paper's Table 1.
+    ``python -m recipe.gdro.results.table`` turns into the paper's Table 1.
 
 With both adversaries disabled the advantages and rollout counts are verl's, untouched. By default
 (``gdro.observe=true``) the binner still observes every step and the ``gdro/*`` metrics, JSONL file
@@ -58,7 +58,13 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from recipe.gdro.checks import (
+from recipe.gdro.results.metrics_io import (
+    append_metrics_jsonl,
+    append_validation_jsonl,
+    rewind_metrics_jsonl,
+    validation_pass_at_k,
+)
+from recipe.gdro.startup.checks import (
     GDRO_STATE_FILE,
     build_gdro_config,
     check_budget,
@@ -66,12 +72,6 @@ from recipe.gdro.checks import (
     check_train_prompt_ids,
     gdro_runs,
     prompt_ids_of_table,
-)
-from recipe.gdro.metrics_io import (
-    append_metrics_jsonl,
-    append_validation_jsonl,
-    rewind_metrics_jsonl,
-    validation_pass_at_k,
 )
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
@@ -452,7 +452,7 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
-        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results_table``)."""
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``)."""
         self._gdro_val_extra = {}
         val_metrics = super()._validate()
         path = self.gdro_metrics_path() if self.gdro_enabled else None

@@ -49,7 +49,7 @@
 #                     launch and its data files, and print it, on a CPU-only machine (no Ray, GPU
 #                     or model); DRY_RUN=config appends gdro.dry_run=config: the configuration
 #                     alone, the data files need not exist yet
-#   PREFLIGHT=1       run python -m recipe.gdro.preflight with the exact same overrides instead of
+#   PREFLIGHT=1       run python -m recipe.gdro.startup.preflight with the exact same overrides instead of
 #                     training: the start-up checks, the attention kernel, the code on every Ray node,
 #                     and vLLM on the model for one prompt with two per-prompt rollout counts (about a
 #                     minute on a GPU node; refuses cleanly without a GPU or vLLM)
@@ -474,11 +474,11 @@ gdro_launch() {
   gdro_activate_venv "$GDRO_ROOT"
   local python="${PYTHON:-python3}"
   # Make the repository importable on this node even if it is not pip-installed; Ray workers on
-  # every node get it through the job's runtime_env (py_modules, see recipe/gdro/cluster.py).
+  # every node get it through the job's runtime_env (py_modules, see recipe/gdro/startup/cluster.py).
   export PYTHONPATH="$GDRO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
   local entry=recipe.gdro.main_gdro mode_note=""
   ((dry)) && mode_note=" | DRY RUN"
-  ((preflight)) && entry=recipe.gdro.preflight && mode_note=" | PREFLIGHT"
+  ((preflight)) && entry=recipe.gdro.startup.preflight && mode_note=" | PREFLIGHT"
   ((paper_exact)) && mode_note+=" | PAPER_EXACT"
   gdro_log "qwen3 $size / $method | model $model_path | $nnodes node(s) x $gpus GPU(s) | run $project/$experiment$mode_note"
   gdro_log "checkpoints + gdro_metrics.jsonl: $ckpt_dir/$project/$experiment"

@@ -79,7 +79,7 @@ class Skill:
 
 @dataclass
 class LearnerParams:
-    """Parameters of the shared learner (see recipe/gdro/sim_learner.py)."""
+    """Parameters of the shared learner (see recipe/gdro/sim/learner.py)."""
 
     rep_dim: Optional[int] = None
     feature_overlap: float = 0.6
@@ -347,7 +347,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
         source=source,
     )
     # Validate the gdro overrides now (with every adversary on), so a typo fails before any step runs.
-    from recipe.gdro.sim_methods import build_gdro_dict  # local import: avoids a cycle
+    from recipe.gdro.sim.methods import build_gdro_dict  # local import: avoids a cycle
     from verl_ext import GDROConfigError, gdro_config_from_dict
 
     try:
@@ -358,7 +358,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
 
 
 def shipped_scenarios() -> list[str]:
-    """Names of the scenarios shipped in recipe/gdro/scenarios/."""
+    """Names of the scenarios shipped in recipe/gdro/sim/scenarios/."""
     if not os.path.isdir(SCENARIO_DIR):
         return []
     return sorted(os.path.splitext(f)[0] for f in os.listdir(SCENARIO_DIR) if f.endswith((".yaml", ".yml")))

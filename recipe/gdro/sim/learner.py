@@ -76,7 +76,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from recipe.gdro.sim_scenario import Scenario
+from recipe.gdro.sim.scenario import Scenario
 
 PASS_K = 8
 

@@ -14,7 +14,7 @@ Everything here runs on the driver before (or instead of) training, and most of 
   per storage unit plus a 1-CPU controller, next to verl's 1-CPU TaskRunner; with fewer Ray CPUs
   ``tq.init`` waits forever without an error, so this refuses it with the numbers;
 * :func:`check_group_sizes` -- the preflight's comparison of scheduled per-prompt rollout counts
-  with what the engine returned (``python -m recipe.gdro.preflight``).
+  with what the engine returned (``python -m recipe.gdro.startup.preflight``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe.gdro.checks import GDRORecipeError
+from recipe.gdro.startup.checks import GDRORecipeError
 
 # --------------------------------------------------------------------------------------- attention
 ATTN_KEY = "actor_rollout_ref.model.override_config.attn_implementation"
@@ -124,7 +124,7 @@ def package_dir(name: str) -> str:
     if path:
         return os.path.dirname(os.path.abspath(path))
     if name == "recipe":
-        return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <repo>/recipe
+        return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # <repo>/recipe
     raise GDRORecipeError(
         f"package {name!r} is a namespace package {list(getattr(module, '__path__', []))}; cannot ship it"
     )

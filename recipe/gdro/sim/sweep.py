@@ -1,13 +1,13 @@
 """Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
-    python -m recipe.gdro.sim_sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
-    python -m recipe.gdro.sim_sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
-    python -m recipe.gdro.sim_sweep all   (tune, then study)
+    python -m recipe.gdro.sim.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
+    python -m recipe.gdro.sim.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
+    python -m recipe.gdro.sim.sweep all   (tune, then study)
 
 ``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
 scenario's lr (GRPO also × 8, for the lr curve) on TUNING seeds 100, 101, ... and picks, per
 method, the multiplier with the best tuning metric (final held-out mean accuracy, mean over the
-tuning seeds). It writes ``recipe/gdro/scenarios/tuned_lr.csv`` (read by ``simulate --tuned-lr``
+tuning seeds). It writes ``recipe/gdro/sim/scenarios/tuned_lr.csv`` (read by ``simulate --tuned-lr``
 and the quick start) and ``<out>/lr_curve.md``.
 
 ``study`` evaluates on DIFFERENT seeds 0, 1, ... (so tuning does not leak):
@@ -36,10 +36,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from recipe.gdro.sim_learner import DEFAULT_LEARNER, LEARNERS
-from recipe.gdro.sim_methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
-from recipe.gdro.sim_scenario import load_scenario, shipped_scenarios
-from recipe.gdro.simulate import SYNTHETIC_NOTE, paired_ci, run_experiment
+from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
+from recipe.gdro.sim.methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+from recipe.gdro.sim.scenario import load_scenario, shipped_scenarios
+from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, paired_ci, run_experiment
 
 LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
@@ -260,9 +260,9 @@ def tune(
 
 def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
     """One panel per scenario: the tuning metric against the lr multiplier, one line per method."""
-    from recipe.gdro.plot import SYNTH_TAG, _log_axis, _plt, _save
+    from recipe.gdro.results.plot import SYNTH_TAG, log_axis, pyplot, save_figure
 
-    plt = _plt()
+    plt = pyplot()
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
     fig, axes = plt.subplots(1, len(scen), figsize=(5.2 * len(scen), 4.2), squeeze=False)
     for ax, sname in zip(axes[0], scen, strict=True):
@@ -270,7 +270,7 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
             pts = sorted((float(a), float(b)) for a, b in (kv.split(":") for kv in r["metric_by_scale"].split()))
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
-        _log_axis(ax, "x")
+        log_axis(ax, "x")
         ax.set_xticks(sorted(set(LR_GRID + GRPO_EXTRA)))  # label exactly the grid points
         ax.set_xlabel("lr multiplier (× scenario lr)")
         ax.set_ylabel("final held-out mean accuracy (%)")
@@ -280,7 +280,7 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
         f"{SYNTH_TAG} learning-rate curves on the tuning seeds (a too-large step hurts every method)", fontsize=10
     )
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------------ study
@@ -503,7 +503,7 @@ def study(
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.sim_sweep",
+        prog="python -m recipe.gdro.sim.sweep",
         description="lr tuning, tuned headline and defaults study on the SYNTHETIC learner.",
     )
     p.add_argument("what", choices=["tune", "study", "all"])
@@ -524,7 +524,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     for s in args.scenarios:
         load_scenario(s)
-    cmd = "python -m recipe.gdro.sim_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m recipe.gdro.sim.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.what in ("tune", "all"):
         print(
             tune(

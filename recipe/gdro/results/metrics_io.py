@@ -1,6 +1,6 @@
 """The per-step GDRO metrics file: one JSON object per line.
 
-Format (read by ``python -m recipe.gdro.plot RUN_METRICS.jsonl --out DIR``)::
+Format (read by ``python -m recipe.gdro.results.plot RUN_METRICS.jsonl --out DIR``)::
 
     {"step": 7, "gdro/mu": 0.0123, "gdro/bin_03/data_share": 0.25, "gdro/binner/unseen_in_batch": null, ...}
 

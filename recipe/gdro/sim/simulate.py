@@ -1,16 +1,16 @@
 """GDRO simulator: compare GRPO, Prompt-GDRO, Rollout-GDRO and joint mode on a SYNTHETIC learner.
 
-    python -m recipe.gdro.simulate [--scenario dapo_like|FILE.yaml] [--out DIR] [--steps N]
+    python -m recipe.gdro.sim.simulate [--scenario dapo_like|FILE.yaml] [--out DIR] [--steps N]
                                    [--seed S] [--seeds K] [--methods grpo prompt_gdro ...]
                                    [--set prompt.loss_signal=failure_rate ...] [--workers W]
 
-The learner (recipe/gdro/sim_learner.py) is a stand-in with the structure the paper argues about
+The learner (recipe/gdro/sim/learner.py) is a stand-in with the structure the paper argues about
 (long-tailed skills, shared parameters within a skill, Bernoulli rewards, verl's own GRPO
 advantages, a policy-gradient step, a fixed rollout budget). The GDRO controllers are the SAME
 ``verl_ext`` classes the training recipe runs. Results are NOT evidence about LLMs.
 
 Outputs in DIR: ``results.json``, ``report.md``, PNG plots, and ``metrics/<method>/seed<S>.jsonl``
-(per-step metrics in the recipe's own JSON-lines format, so ``python -m recipe.gdro.plot`` reads
+(per-step metrics in the recipe's own JSON-lines format, so ``python -m recipe.gdro.sim.plots`` reads
 simulator and training runs alike). See docs/simulator.md.
 """
 
@@ -28,9 +28,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from recipe.gdro.metrics_io import append_metrics_jsonl
-from recipe.gdro.sim_learner import DEFAULT_LEARNER, LEARNERS, make_learner
-from recipe.gdro.sim_methods import (
+from recipe.gdro.results.metrics_io import append_metrics_jsonl
+from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS, make_learner
+from recipe.gdro.sim.methods import (
     DEFAULT_METHODS,
     METHOD_PRESETS,
     TUNED_LR_FILE,
@@ -38,7 +38,7 @@ from recipe.gdro.sim_methods import (
     lookup_tuned_lr,
     parse_set_overrides,
 )
-from recipe.gdro.sim_scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
+from recipe.gdro.sim.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
 
 SYNTHETIC_NOTE = (
     "SYNTHETIC LEARNER: a skills-and-prompts logit model trained by GRPO on simulated Bernoulli "
@@ -441,7 +441,7 @@ def run_experiment(
         json.dump(_json_safe(out), f, indent=1, allow_nan=False)
     plot_files: list[str] = []
     if plots:
-        from recipe.gdro.plot import plot_simulation
+        from recipe.gdro.sim.plots import plot_simulation
 
         plot_files = plot_simulation(out_dir)
     write_report(out, out_dir, plot_files, title=title)
@@ -627,7 +627,7 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
         "",
         f"Scenario: `{sc['name']}` ({res['scenario_file']}). {sc.get('description', '').strip()}",
         "",
-        f"- Learner: `{res['learner']}` (recipe/gdro/sim_learner.py). {sc['num_prompts']} training prompts in "
+        f"- Learner: `{res['learner']}` (recipe/gdro/sim/learner.py). {sc['num_prompts']} training prompts in "
         f"{len(sc['skills'])} skills, {sc['num_eval_prompts']} held-out prompts; batch {sc['batch_size']} prompts × "
         f"n̄ = {sc['n_mean']} → {res['rollouts_per_step']} rollouts per step for every method; {res['steps']} steps; "
         f"base lr {sc['lr']}, transfer {sc['transfer']}, grad_noise {sc['grad_noise']}.",
@@ -674,10 +674,10 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
 def build_parser() -> argparse.ArgumentParser:
     shipped = ", ".join(shipped_scenarios())
     p = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.simulate",
+        prog="python -m recipe.gdro.sim.simulate",
         description="Compare GRPO / Prompt-GDRO / Rollout-GDRO / joint at equal rollouts on a SYNTHETIC learner.",
         epilog=f"Shipped scenarios: {shipped}. Learners: {', '.join(LEARNERS)} (default {DEFAULT_LEARNER}). "
-        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim_sweep --help. See docs/simulator.md.",
+        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim.sweep --help. See docs/simulator.md.",
     )
     p.add_argument(
         "--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)"
@@ -704,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tuned-lr",
         action="store_true",
         help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
-        "(written by python -m recipe.gdro.sim_sweep tune)",
+        "(written by python -m recipe.gdro.sim.sweep tune)",
     )
     p.add_argument(
         "--set",

@@ -1,20 +1,20 @@
 """Preflight of a GDRO launch on the GPU cluster: about a minute, before hours of training.
 
     PREFLIGHT=1 bash run_scripts/qwen3_8b_rollout_gdro.sh        # the launch's exact overrides
-    python -m recipe.gdro.preflight [hydra overrides]            # the same, by hand
+    python -m recipe.gdro.startup.preflight [hydra overrides]            # the same, by hand
 
 It runs, in order, and stops at the first failure (exit 2, or 1 for a config Hydra/verl rejects):
 
-1. the recipe's start-up checks (:func:`recipe.gdro.checks.prepare`, as a real launch);
+1. the recipe's start-up checks (:func:`recipe.gdro.startup.checks.prepare`, as a real launch);
 2. the attention implementation of the actor / reference is importable on this node
-   (:func:`recipe.gdro.cluster.check_attention`, strict);
+   (:func:`recipe.gdro.startup.cluster.check_attention`, strict);
 3. this node can run vLLM: CUDA visible and ``vllm`` importable (a CPU machine stops here, cleanly);
 4. Ray with the launch's runtime_env (the code shipped through ``py_modules``): on every alive node a
    task imports ``recipe.gdro.trainer``, ``verl_ext``, ``data_prep.reward_fn`` and the attention
    package, and the cluster has the CPUs TransferQueue's storage units need;
 5. vLLM on the model (the launch's TP, memory fraction and lengths) for ONE prompt submitted twice
    with two different rollout counts (``gdro.rollout.n_min`` and ``n_max``), and the returned group
-   sizes are compared with the scheduled ones (:func:`recipe.gdro.cluster.check_group_sizes`).
+   sizes are compared with the scheduled ones (:func:`recipe.gdro.startup.cluster.check_group_sizes`).
 
 Step 5 checks the engine honours per-request counts; the counts verl's agent loop realises from
 ``__rollout_n__`` are checked at every training step by the trainer itself.
@@ -29,8 +29,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.checks import GDROConfigError, GDRORecipeError, PromptIdError, prepare
-from recipe.gdro.cluster import (
+from recipe.gdro.startup.checks import GDROConfigError, GDRORecipeError, PromptIdError, prepare
+from recipe.gdro.startup.cluster import (
     ATTN_MODULES,
     check_attention,
     check_group_sizes,
@@ -103,7 +103,7 @@ def require_gpu_and_vllm() -> None:
 # --------------------------------------------------------------------------------------- Ray nodes
 def ray_init_kwargs(config: DictConfig) -> dict[str, Any]:
     """What verl 0.9.1's ``run_ppo`` passes to ``ray.init``: its default runtime_env merged with
-    ``ray_kwargs.ray_init`` (where :func:`recipe.gdro.cluster.ship_code_to_workers` put py_modules)."""
+    ``ray_kwargs.ray_init`` (where :func:`recipe.gdro.startup.cluster.ship_code_to_workers` put py_modules)."""
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     ray_init = config.ray_kwargs.get("ray_init", {})
@@ -245,7 +245,7 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from recipe.gdro.main_gdro import compose_config
+    from recipe.gdro.startup.cli import compose_config
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -1,10 +1,10 @@
 """The paper's Table 1 from real runs' GDRO metrics files.
 
-    python -m recipe.gdro.results_table RUN [RUN ...] [--step best|last|N] [--csv FILE]
+    python -m recipe.gdro.results.table RUN [RUN ...] [--step best|last|N] [--csv FILE]
 
 ``RUN`` is a run's metrics file (``<trainer.default_local_dir>/gdro_metrics.jsonl``) or the folder
 holding it. The trainer writes one validation line per validation (``{"val_step": N, ...}``, see
-:mod:`recipe.gdro.metrics_io`); this command picks one validation step per run and prints, as a
+:mod:`recipe.gdro.results.metrics_io`); this command picks one validation step per run and prints, as a
 Markdown table (and optionally CSV), accuracy in percent:
 
 * one column per benchmark: verl's ``val-core/<set>/acc/mean@k`` (k = ``val_kwargs.n``, 8 in the
@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from recipe.gdro.metrics_io import VAL_STEP_KEY, read_validation_jsonl
+from recipe.gdro.results.metrics_io import VAL_STEP_KEY, read_validation_jsonl
 
 METRICS_FILE = "gdro_metrics.jsonl"
 
@@ -205,7 +205,7 @@ def write_csv(rows: Sequence[Row], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.results_table",
+        prog="python -m recipe.gdro.results.table",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,9 +1,9 @@
-"""Plots of GDRO per-step metrics, for a real training run and for the simulator alike.
+"""Plots of GDRO per-step metrics of a training run (the simulator's own plots, built on these,
+are in :mod:`recipe.gdro.sim.plots`).
 
-    python -m recipe.gdro.plot RUN_DIR/gdro_metrics.jsonl --out DIR    # a training run
-    python -m recipe.gdro.plot SIM_OUT_DIR [--out DIR]                  # a simulator output folder
+    python -m recipe.gdro.results.plot RUN_DIR/gdro_metrics.jsonl --out DIR    # a training run
 
-Input is the recipe's JSON-lines format (``recipe/gdro/metrics_io.py``): one object per line,
+Input is the recipe's JSON-lines format (``recipe/gdro/results/metrics_io.py``): one object per line,
 ``{"step": N, "gdro/bin_03/adversary_weight": ..., ...}``, NaN written as null. The simulator
 writes the same format per method and seed (plus ``sim/*`` keys), so both go through
 :func:`plot_gdro_run`. Anything coming from the simulator is labelled "synthetic learner".
@@ -20,15 +20,12 @@ Plots (each written only when the run has the data for it):
 * ``mu``: the shadow price μ (log scale) and the standard-error proxy reduction vs uniform;
 * ``bins``: when no adversary is active (a GRPO baseline in observe-only mode), the data share
   and batch accuracy per bin over steps;
-* simulator only: ``accuracy_curves`` (held-out mean and worst-skill accuracy per method, mean ±
-  std over seeds) and ``skill_compute_share`` (rollout share vs data share per skill).
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import math
 import os
 import re
@@ -45,7 +42,7 @@ SYNTH_TAG = "[synthetic learner]"
 # ------------------------------------------------------------------------------------ reading
 def read_metrics_jsonl(path: str) -> list[dict[str, Any]]:
     """Records of a metrics JSONL file, via the recipe's own reader (null → NaN, last line per step wins)."""
-    from recipe.gdro.metrics_io import read_metrics_jsonl as _read
+    from recipe.gdro.results.metrics_io import read_metrics_jsonl as _read
 
     records = _read(path)
     if not records:
@@ -136,7 +133,8 @@ def _smooth_window(n_steps: int) -> int:
 
 
 # ------------------------------------------------------------------------------------ plotting
-def _plt():
+def pyplot():
+    """matplotlib.pyplot on the non-interactive Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -145,13 +143,14 @@ def _plt():
     return plt
 
 
-def _save(fig: Any, path: str) -> str:
+def save_figure(fig: Any, path: str) -> str:
+    """Write ``fig`` as a PNG at ``path``, close it, return ``path``."""
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    _plt().close(fig)
+    pyplot().close(fig)
     return path
 
 
-def _log_axis(ax: Any, which: str) -> None:
+def log_axis(ax: Any, which: str) -> None:
     """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -163,7 +162,7 @@ def _log_axis(ax: Any, which: str) -> None:
 
 
 def _bin_colors(groups: Sequence[str]) -> list:
-    plt = _plt()
+    plt = pyplot()
     bins = [g for g in groups if g != "unseen"]
     # Qualitative palette: neighbouring bins must be told apart (adjacent viridis shades cannot).
     cmap = plt.get_cmap("tab10" if len(bins) <= 10 else "tab20")
@@ -208,7 +207,7 @@ def plot_gdro_run(
     s: Series, out_dir: str, *, title: str, prefix: str = "", what: Iterable[str] = ("prompt", "rollout")
 ) -> list[str]:
     """Render the GDRO plots of one run (or a seed average) into ``out_dir``; return the files written."""
-    plt = _plt()
+    plt = pyplot()
     os.makedirs(out_dir, exist_ok=True)
     groups = s.groups()
     files: list[str] = []
@@ -264,7 +263,7 @@ def plot_gdro_run(
             fontsize=10,
         )
         fig.tight_layout()
-        files.append(_save(fig, os.path.join(out_dir, f"{pre}traveling_wave.png")))
+        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}traveling_wave.png")))
 
         ncol = 4
         nrow = math.ceil(G / ncol)
@@ -282,7 +281,7 @@ def plot_gdro_run(
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{title}\nadversary weight q(b) against data share, per bin{smooth_note}", fontsize=10)
         fig.tight_layout()
-        files.append(_save(fig, os.path.join(out_dir, f"{pre}weight_vs_share_per_bin.png")))
+        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}weight_vs_share_per_bin.png")))
 
     # ---- no adversary (a GRPO baseline logged in observe-only mode): how the bins evolve
     if not prompt_adversary_active(s) and not rollout_adversary_active(s):
@@ -304,7 +303,7 @@ def plot_gdro_run(
             f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}", fontsize=10
         )
         fig.tight_layout()
-        files.append(_save(fig, os.path.join(out_dir, f"{pre}bins.png")))
+        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}bins.png")))
 
     # ---- Rollout-GDRO
     if "rollout" in what and rollout_adversary_active(s):
@@ -319,7 +318,7 @@ def plot_gdro_run(
         ax.set_ylabel("rollouts per prompt")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         ax.set_title(f"{title}\nRollout-GDRO: rollouts per prompt per bin (bin 0 = hardest){smooth_note}", fontsize=10)
-        files.append(_save(fig, os.path.join(out_dir, f"{pre}rollouts_per_bin.png")))
+        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}rollouts_per_bin.png")))
 
         comp = rolling(s.matrix("compute_share", groups), w)
         fig = plt.figure(figsize=(13, 4.5))
@@ -348,7 +347,7 @@ def plot_gdro_run(
         ax2.set_title("above the diagonal = more rollouts\nthan its share of prompts", fontsize=8)
         fig.suptitle(f"{title}\nRollout-GDRO: compute share vs data share per bin{smooth_note}", fontsize=10)
         fig.tight_layout()
-        files.append(_save(fig, os.path.join(out_dir, f"{pre}compute_share.png")))
+        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}compute_share.png")))
 
         mu = s.get("gdro/mu")
         red = s.get("gdro/se_proxy_reduction")
@@ -360,7 +359,7 @@ def plot_gdro_run(
                 if what_p == "mu":
                     ax.plot(x, mu, color="C2")
                     if np.nanmin(mu) > 0:
-                        _log_axis(ax, "y")
+                        log_axis(ax, "y")
                     ax.set_ylabel("shadow price μ")
                 else:
                     ax.plot(x, 100 * red, color="C4", alpha=0.35, lw=0.8)
@@ -376,101 +375,7 @@ def plot_gdro_run(
             )
             fig.suptitle(f"{title}\nRollout-GDRO: {what_t} (controller's own estimates)", fontsize=10)
             fig.tight_layout()
-            files.append(_save(fig, os.path.join(out_dir, f"{pre}mu.png")))
-    return files
-
-
-# ------------------------------------------------------------------------------------ simulator
-def _curve(entry: Mapping[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
-    c = entry["curves"][key]
-    return (
-        np.array([np.nan if v is None else v for v in c["mean"]]),
-        np.array([np.nan if v is None else v for v in c["std"]]),
-    )
-
-
-def plot_accuracy_curves(res: Mapping[str, Any], out_dir: str) -> str:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
-    for i, (name, e) in enumerate(res["methods"].items()):
-        steps = np.asarray(e["curves"]["step"])
-        for ax, key in zip(axes, ("mean_accuracy", "worst_skill_accuracy"), strict=True):
-            m, sd = _curve(e, key)
-            ax.plot(steps, 100 * m, color=f"C{i}", label=f"{name} (lr {e.get('lr', float('nan')):.3g})", lw=1.4)
-            ax.fill_between(steps, 100 * (m - sd), 100 * (m + sd), color=f"C{i}", alpha=0.18, lw=0)
-    axes[0].set_title("held-out mean accuracy", fontsize=9)
-    axes[1].set_title("worst-skill held-out accuracy", fontsize=9)
-    axes[0].set_ylabel("mean accuracy (%)")
-    axes[1].set_ylabel("worst-skill accuracy (%)")
-    for ax in axes:
-        ax.set_xlabel("step")
-    axes[1].legend(fontsize=8)
-    n_seeds = len(res["seeds"])
-    fig.suptitle(
-        f"{SYNTH_TAG} scenario {res['scenario']['name']}: accuracy per method at equal total rollouts "
-        f"(mean ± std over {n_seeds} seed{'s' if n_seeds > 1 else ''}) — synthetic, not LLM evidence",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    return _save(fig, os.path.join(out_dir, "accuracy_curves.png"))
-
-
-def plot_skill_compute_share(res: Mapping[str, Any], out_dir: str) -> str:
-    plt = _plt()
-    skills = [s["name"] for s in res["scenario"]["skills"]]
-    first = next(iter(res["methods"].values()))
-    data = np.array([first["skill_data_share"][k] for k in skills])
-    # methods with a uniform allocation have compute share == data share: leave them out
-    methods = [
-        m
-        for m, e in res["methods"].items()
-        if max(abs(e["skill_compute_share"][k] - e["skill_data_share"][k]) for k in skills) > 1e-6
-    ]
-    width = 0.8 / (len(methods) + 1)
-    xs = np.arange(len(skills))
-    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(skills)), 4.5))
-    ax.bar(xs - 0.4 + width / 2, 100 * data, width, color="0.6", label="data share")
-    for i, m in enumerate(methods):
-        comp = np.array([res["methods"][m]["skill_compute_share"][k] for k in skills])
-        ax.bar(
-            xs - 0.4 + width * (i + 1.5),
-            100 * comp,
-            width,
-            color=f"C{list(res['methods']).index(m)}",
-            label=f"{m} compute share",
-        )
-    ax.set_xticks(xs)
-    ax.set_xticklabels(skills, rotation=30, ha="right", fontsize=8)
-    ax.set_xlabel("skill (scenario order)")
-    ax.set_ylabel("% of prompts / % of rollouts (log)")
-    _log_axis(ax, "y")
-    ax.legend(fontsize=7)
-    ax.set_title(
-        f"{SYNTH_TAG} scenario {res['scenario']['name']}: "
-        "share of rollouts per skill vs its share of prompts (log scale)\n"
-        "(methods with uniform rollouts omitted: their compute share equals the data share)",
-        fontsize=10,
-    )
-    return _save(fig, os.path.join(out_dir, "skill_compute_share.png"))
-
-
-def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
-    """All plots of a simulator output folder (reads results.json and metrics/<method>/seed*.jsonl)."""
-    out_dir = out_dir or sim_dir
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(sim_dir, "results.json"), encoding="utf-8") as f:
-        res = json.load(f)
-    files = [plot_accuracy_curves(res, out_dir), plot_skill_compute_share(res, out_dir)]
-    for name, e in res["methods"].items():
-        paths = [os.path.join(sim_dir, p) for p in e.get("metrics_files", [])]
-        paths = [p for p in paths if os.path.exists(p)]
-        if not paths:
-            continue
-        series = Series.mean_of([Series.from_records(read_metrics_jsonl(p)) for p in paths])
-        k = len(paths)
-        seeds_txt = f"mean of {k} seed{'s' if k > 1 else ''}"
-        title = f"{SYNTH_TAG} {res['scenario']['name']} / {name} ({seeds_txt}; synthetic, not LLM evidence)"
-        files += plot_gdro_run(series, out_dir, title=title, prefix=name)
+            files.append(save_figure(fig, os.path.join(out_dir, f"{pre}mu.png")))
     return files
 
 
@@ -479,7 +384,9 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
     """Plot a metrics JSONL file, a simulator output folder, or a folder of JSONL files."""
     if os.path.isdir(path):
         if os.path.exists(os.path.join(path, "results.json")):
-            return plot_simulation(path, out_dir)
+            raise ValueError(
+                f"{path} is a simulator output folder: plot it with python -m recipe.gdro.sim.plots {path}"
+            )
         files = sorted(glob.glob(os.path.join(path, "**", "*.jsonl"), recursive=True))
         if not files:
             raise ValueError(f"{path}: no results.json and no *.jsonl metrics files")
@@ -509,10 +416,10 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.plot",
-        description="Plot GDRO per-step metrics (training run JSONL or simulator output).",
+        prog="python -m recipe.gdro.results.plot",
+        description="Plot GDRO per-step metrics of a training run (JSONL).",
     )
-    p.add_argument("path", help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a simulator output folder")
+    p.add_argument("path", help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a folder of them")
     p.add_argument("--out", default=None, help="folder for the PNGs (default: beside the input)")
     args = p.parse_args(argv)
     if not os.path.exists(args.path):

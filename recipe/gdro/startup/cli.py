@@ -1,0 +1,189 @@
+"""Composing the recipe's Hydra config and the command line around it: dry-run modes, Hydra's
+errors turned into messages that name the key, and ``--help`` for the ``gdro.*`` keys."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+import sys
+from dataclasses import MISSING, fields, is_dataclass
+from typing import Any, Optional, Sequence
+
+import yaml
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from recipe.gdro.startup.checks import GDRORecipeError
+from verl_ext import GDROConfig
+
+CONFIG_MODULE = "recipe.gdro.config"
+CONFIG_NAME = "gdro_trainer"
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose the recipe config with Hydra overrides (the same config ``main`` receives)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
+        return compose(config_name=CONFIG_NAME, overrides=list(overrides))
+
+
+# ----------------------------------------------------------------------------------- dry-run modes
+DRY_RUN_CONFIG_ONLY = "config"
+_FALSE = ("false", "0", "no", "off", "null", "none", "")
+_TRUE = ("true", "1", "yes", "on")
+
+
+def dry_run_mode(config: DictConfig) -> Optional[str]:
+    """``None`` (no dry run), ``"full"`` (``gdro.dry_run=true``: config and data) or ``"config"``
+    (``gdro.dry_run=config``: the configuration alone). ``config`` is normalised to
+    ``gdro.dry_run=true`` so the gdro section still validates as a boolean."""
+    value = OmegaConf.select(config, "gdro.dry_run", default=False)
+    if isinstance(value, str) and value.strip().lower() == DRY_RUN_CONFIG_ONLY:
+        with open_dict(config):
+            config.gdro.dry_run = True
+        return DRY_RUN_CONFIG_ONLY
+    if isinstance(value, str) and value.strip().lower() not in _TRUE + _FALSE:
+        raise GDRORecipeError(
+            f"gdro.dry_run={value!r}: use true (check config and data), config (the configuration alone) or false"
+        )
+    return "full" if value is True or (isinstance(value, str) and value.strip().lower() in _TRUE) else None
+
+
+def argv_dry_run(argv: Sequence[str]) -> bool:
+    """Whether the command line asks for a dry run (the last ``gdro.dry_run=`` override wins)."""
+    found = False
+    for arg in argv:
+        m = re.fullmatch(r"\+{0,2}gdro\.dry_run=(.*)", arg)
+        if m:
+            found = m.group(1).strip().strip("'\"").lower() not in _FALSE
+    return found
+
+
+# ----------------------------------------------------------------------------------- Hydra errors
+def _unknown_key(error: BaseException) -> Optional[str]:
+    """The full key of an override Hydra refused because the key does not exist, if that is why."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    cause = error
+    while cause is not None:
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
+            return str(cause.full_key)
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def did_you_mean(full_key: str, base: Optional[DictConfig] = None) -> str:
+    """``"; did you mean n_min?"`` for the closest existing sibling of ``full_key`` ("" if none)."""
+    parent, _, name = full_key.rpartition(".")
+    base = compose_config([]) if base is None else base
+    node = OmegaConf.select(base, parent, default=None) if parent else base
+    if not isinstance(node, DictConfig):
+        return ""
+    close = difflib.get_close_matches(name, [str(k) for k in node.keys()], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def report_compose_error(error: BaseException, argv: Sequence[str], stream=None) -> int:
+    """Print a Hydra composition error; an unknown ``gdro.*`` key exits 2 naming it, others 1."""
+    stream = stream or sys.stderr
+    key = _unknown_key(error)
+    if key is not None:
+        try:
+            hint = did_you_mean(key)
+        except Exception:  # noqa: BLE001 - the hint is a courtesy; never hide the real error
+            hint = ""
+        if key.startswith("gdro."):
+            print(
+                f"gdro: error: unknown key {key}{hint} (python -m recipe.gdro.main_gdro --help lists them)", file=stream
+            )
+            return 2
+        print(f"gdro: error: unknown key {key}{hint} (Hydra: {error}; `+{key}=...` adds a new key)", file=stream)
+        return 1
+    print(f"gdro: error: {type(error).__name__}: {error}", file=stream)
+    return 1
+
+
+# ----------------------------------------------------------------------------------- --help
+USAGE = """usage: python -m recipe.gdro.main_gdro [KEY=VALUE ...]
+
+Trains with verl 0.9.1's v1 trainer plus GDRO (config: recipe/gdro/config/gdro_trainer.yaml, verl's
+ppo_trainer with a gdro: section). Every argument is a Hydra override, e.g.
+  gdro.rollout.enable=true data.train_files=~/data/dapo/train.parquet trainer.n_gpus_per_node=8
+
+  gdro.dry_run=true     check config and data (files exist, >= data.train_batch_size prompts, prompt
+                        ids, reward reports acc), print the plan and the resolved keys, exit;
+                        no Ray, no GPU, no model download
+  gdro.dry_run=config   the same, without requiring the data files
+  --help-all            Hydra's help with every verl key (~1,100 lines)
+  --hydra-help          Hydra's own options (--cfg, --multirun, ...)
+
+Exit status: 0 ok; 2 a setting or data file the checks refuse (named in the message);
+1 verl's validation or Hydra fails.
+"""
+
+
+def _attribute_docs(cls) -> dict[str, str]:
+    """``name -> text`` from the ``Attributes:`` section of a (Google-style) class docstring."""
+    doc = inspect.cleandoc(cls.__doc__ or "")
+    out: dict[str, str] = {}
+    lines = doc.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
+    except StopIteration:
+        return out
+    current = None
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break  # the next section
+        m = re.match(r"^ {4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
+        if m:
+            current = m.group(1)
+            out[current] = m.group(2).strip()
+        elif current and line.strip():
+            out[current] += " " + line.strip()
+    # reST markup -> plain text: :mod:`x` -> x, ``x`` -> x
+    return {k: re.sub(r":\w+:`([^`]*)`", r"\1", v).replace("``", "") for k, v in out.items()}
+
+
+def _default(f) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return "???"
+
+
+def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str, str]]:
+    """``(key, default, meaning)`` for every leaf of the gdro section, from the dataclasses."""
+    docs = _attribute_docs(cls)
+    rows = []
+    for f in fields(cls):
+        key = f"{prefix}.{f.name}"
+        default = _default(f)
+        if is_dataclass(default):
+            rows.extend(gdro_keys_help(type(default), key))
+            continue
+        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+        rows.append((key, shown, docs.get(f.name, "")))
+    return rows
+
+
+def format_help(width: int = 100) -> str:
+    import textwrap
+
+    rows = gdro_keys_help()
+    key_w = max(len(k) for k, _, _ in rows)
+    def_w = min(max(len(d) for _, d, _ in rows), 14)
+    out = [USAGE, "gdro: keys (default, meaning):"]
+    indent = " " * (2 + key_w + 2 + def_w + 2)
+    for key, default, meaning in rows:
+        head = f"  {key:<{key_w}}  {default:<{def_w}}  "
+        text = textwrap.fill(meaning or "-", width=width, initial_indent=head, subsequent_indent=indent)
+        out.append(text)
+    out.append("")
+    out.append("The recipe's YAML: recipe/gdro/config/gdro_trainer.yaml; every verl key: --help-all")
+    return "\n".join(out)
