@@ -36,10 +36,11 @@ VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
 
 # `recipe` is a namespace package (no recipe/__init__.py), as in verl's recipes: TransferQueue and
 # other recipes install their own `recipe/` portions, and a regular package would shadow them.
-# `recipe.gdro` itself is a regular package. The config/ and sim/scenarios/ folders are package data.
+# `recipe.gdro` itself is a regular package. The config/ folder (with its config groups size/,
+# method/, protocol/, paper_exact*/) and sim/scenarios/ are package data.
 PACKAGES = find_namespace_packages(
     include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
-    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios"],
+    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.config.*"],
 )
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
@@ -62,7 +63,7 @@ setup(
     python_requires=">=3.10,<3.13",
     license="Apache-2.0",
     packages=PACKAGES,
-    package_data={"recipe.gdro": ["config/*.yaml", "sim/scenarios/*.yaml", "sim/scenarios/*.csv"]},
+    package_data={"recipe.gdro": ["config/*.yaml", "config/*/*.yaml", "sim/scenarios/*.yaml", "sim/scenarios/*.csv"]},
     include_package_data=True,
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install
@@ -79,6 +80,7 @@ setup(
         "pyyaml",
         "matplotlib",
         "tqdm",
+        "scipy",
     ],
     extras_require={
         "test": ["pytest", "hypothesis", "ruff==0.17.6"],

@@ -95,6 +95,8 @@ def test_wheel_contents(wheel):
         "recipe/gdro/main_gdro.py",
         "recipe/gdro/config/__init__.py",
         "recipe/gdro/config/gdro_trainer.yaml",
+        "recipe/gdro/config/size/8b.yaml",  # the config groups
+        "recipe/gdro/config/paper_exact_settings/on_rollout_gdro.yaml",
         "recipe/gdro/sim/scenarios/dapo_like.yaml",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",

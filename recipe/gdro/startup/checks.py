@@ -7,6 +7,9 @@ imports only omegaconf, numpy, pyarrow and verl_ext at import time; verl itself 
 
 The checks, in the order :func:`prepare` runs them:
 
+0. verl keys that have no usable default, all named at once (:func:`check_required_keys`), and the
+   GPU layout: rollout tensor parallelism against GPUs per node, token budgets against the longest
+   sequence (:func:`check_layout`);
 1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
    values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``;
 2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
@@ -24,6 +27,7 @@ import asyncio
 import inspect
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -38,6 +42,92 @@ SUPPORTED_TRAINER_MODE = "sync"
 
 class GDRORecipeError(ValueError):
     """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
+
+
+# --------------------------------------------------------------------------------------- required keys
+def _unset(config: DictConfig, key: str) -> bool:
+    return OmegaConf.select(config, key, default=None, throw_on_missing=False) is None
+
+
+def _micro_batch_keys(config: DictConfig) -> list[tuple[str, str]]:
+    """(section, dynamic-batch flag) of each micro-batched pass this config runs."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    with warnings.catch_warnings():  # need_critic warns that GRPO disables the critic, on every call
+        warnings.simplefilter("ignore", UserWarning)
+        critic = need_critic(config)
+    out = [
+        ("actor_rollout_ref.actor", "use_dynamic_bsz"),
+        ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz"),
+    ]
+    if need_reference_policy(config):
+        out.append(("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz"))
+    if critic:
+        out.append(("critic", "use_dynamic_bsz"))
+    return out
+
+
+def check_required_keys(config: DictConfig) -> None:
+    """Name every verl key the run needs that is unset (``???`` or a null micro-batch size), at once.
+
+    verl's own validation stops at the first (micro-batch sizes, then ``rollout.name``, ...), so a
+    config written from scratch would fail one key per attempt. Sections the run does not use (the
+    reward model's rollout when ``reward.reward_model.enable`` is false, the critic without GAE)
+    are not asked for.
+    """
+    inactive = []
+    if not OmegaConf.select(config, "reward.reward_model.enable", default=False):
+        inactive.append("reward.reward_model.")
+    if not any(section == "critic" for section, _ in _micro_batch_keys(config)):
+        inactive.append("critic.")
+    missing = [
+        f"{key} (no default)"
+        for key in sorted(OmegaConf.missing_keys(config))
+        if not any(key.startswith(prefix) for prefix in inactive)
+    ]
+    for section, dynamic in _micro_batch_keys(config):
+        if OmegaConf.select(config, f"{section}.{dynamic}", default=False):
+            continue
+        names = ("ppo_micro_batch_size", "ppo_micro_batch_size_per_gpu")
+        if section.endswith(("rollout", "ref")):
+            names = ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu")
+        if all(_unset(config, f"{section}.{name}") for name in names):
+            missing.append(f"{section}.{names[1]} (needed while {section}.{dynamic}=false)")
+    if missing:
+        raise GDRORecipeError(
+            f"{len(missing)} required key(s) not set: "
+            + "; ".join(missing)
+            + ". Set them, or start from the paper's settings: size=1.7b|4b|8b method=grpo|prompt_gdro|"
+            "rollout_gdro|joint_gdro (recipe/gdro/config/size/, method/)"
+        )
+
+
+def check_layout(config: DictConfig) -> None:
+    """Refuse a GPU layout that cannot run: rollout tensor parallelism that does not tile a node, or
+    a per-GPU token budget (dynamic batch size) smaller than one prompt + response."""
+    rollout = config.actor_rollout_ref.rollout
+    tp = int(rollout.get("tensor_model_parallel_size", 1) or 1)
+    gpus = int(config.trainer.n_gpus_per_node)
+    if tp < 1 or gpus % tp:
+        raise GDRORecipeError(
+            f"trainer.n_gpus_per_node={gpus} is not divisible by the rollout tensor-parallel size "
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
+        )
+    seq = int(config.data.max_prompt_length) + int(config.data.max_response_length)
+    short = []
+    for section, dynamic in _micro_batch_keys(config):
+        if not OmegaConf.select(config, f"{section}.{dynamic}", default=False):
+            continue
+        trains = section.endswith(("actor", "critic"))
+        name = "ppo_max_token_len_per_gpu" if trains else "log_prob_max_token_len_per_gpu"
+        budget = OmegaConf.select(config, f"{section}.{name}", default=None)
+        if budget is not None and int(budget) < seq:
+            short.append(f"{section}.{name}={budget}")
+    if short:
+        raise GDRORecipeError(
+            f"token budgets per GPU must hold one full sequence (data.max_prompt_length + "
+            f"data.max_response_length = {seq} tokens): " + ", ".join(short)
+        )
 
 
 # --------------------------------------------------------------------------------------- gdro section
@@ -597,6 +687,8 @@ class Prepared:
 
 def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks: bool = True) -> Prepared:
     """Run every start-up check (see the module docstring); raise on the first failure."""
+    check_required_keys(config)
+    check_layout(config)
     gdro = build_gdro_config(config)
     check_supported_modes(config, gdro)
     budget = check_budget(config, gdro)
@@ -618,6 +710,8 @@ __all__ = [
     "check_budget",
     "check_supported_modes",
     "check_dry_run_data",
+    "check_layout",
+    "check_required_keys",
     "check_train_prompt_ids",
     "check_use_v1",
     "count_rows",

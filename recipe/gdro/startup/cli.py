@@ -88,8 +88,20 @@ def did_you_mean(full_key: str, base: Optional[DictConfig] = None) -> str:
 
 
 def report_compose_error(error: BaseException, argv: Sequence[str], stream=None) -> int:
-    """Print a Hydra composition error; an unknown ``gdro.*`` key exits 2 naming it, others 1."""
+    """Print a Hydra composition error; an unknown ``gdro.*`` key or config-group choice
+    (``size=9b``) exits 2 naming it, others 1."""
+    from hydra.errors import MissingConfigException
+
     stream = stream or sys.stderr
+    missing = getattr(error, "missing_cfg_file", None)
+    if isinstance(error, MissingConfigException) and missing and "/" in missing and error.options:
+        group, _, choice = missing.rpartition("/")
+        print(
+            f"gdro: error: {group}={choice}: no such choice in recipe/gdro/config/{group}/; "
+            f"choose one of: {', '.join(error.options)}",
+            file=stream,
+        )
+        return 2
     key = _unknown_key(error)
     if key is not None:
         try:
@@ -112,7 +124,11 @@ USAGE = """usage: python -m recipe.gdro.main_gdro [KEY=VALUE ...]
 
 Trains with verl 0.9.1's v1 trainer plus GDRO (config: recipe/gdro/config/gdro_trainer.yaml, verl's
 ppo_trainer with a gdro: section). Every argument is a Hydra override, e.g.
-  gdro.rollout.enable=true data.train_files=~/data/dapo/train.parquet trainer.n_gpus_per_node=8
+  size=8b method=rollout_gdro data.train_files=~/data/dapo/train.parquet data.val_files=[...]
+
+  The paper's launches are config groups (recipe/gdro/config/<group>/<choice>.yaml):
+{groups}
+  Overrides given after them win (gdro.rollout.n_max=8, trainer.n_gpus_per_node=4, ...).
 
   gdro.dry_run=true     check config and data (files exist, >= data.train_batch_size prompts, prompt
                         ids, reward reports acc), print the plan and the resolved keys, exit;
@@ -172,13 +188,32 @@ def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str,
     return rows
 
 
+GROUPS = {
+    "size": "the model, its GPU layout and the paper's protocol (App. A.1)",
+    "method": "the GDRO switches",
+    "paper_exact": "on: the authors' released settings for the method",
+}
+
+
+def config_groups() -> dict[str, list[str]]:
+    """``group -> choices`` of the user-facing config groups, read from the config folder."""
+    from importlib.resources import files
+
+    root = files(CONFIG_MODULE)
+    return {
+        g: sorted(f.name[: -len(".yaml")] for f in root.joinpath(g).iterdir() if f.name.endswith(".yaml"))
+        for g in GROUPS
+    }
+
+
 def format_help(width: int = 100) -> str:
     import textwrap
 
+    groups = "\n".join(f"    {g}={'|'.join(c)}  {GROUPS[g]}" for g, c in config_groups().items())
     rows = gdro_keys_help()
     key_w = max(len(k) for k, _, _ in rows)
     def_w = min(max(len(d) for _, d, _ in rows), 14)
-    out = [USAGE, "gdro: keys (default, meaning):"]
+    out = [USAGE.format(groups=groups), "gdro: keys (default, meaning):"]
     indent = " " * (2 + key_w + 2 + def_w + 2)
     for key, default, meaning in rows:
         head = f"  {key:<{key_w}}  {default:<{def_w}}  "
