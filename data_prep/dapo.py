@@ -28,8 +28,8 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python data_prep/dapo.py`: make the package importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):  # run as `python data_prep/dapo.py`: data_prep/_repo_path.py
+    import _repo_path  # noqa: F401
 
 from data_prep.common import (  # noqa: E402
     INSTRUCTION,

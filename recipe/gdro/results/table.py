@@ -30,8 +30,9 @@ import math
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from recipe.gdro.results.metrics_io import VAL_STEP_KEY, read_validation_jsonl
 
@@ -165,24 +166,31 @@ def run_label(run: str) -> str:
     return os.path.basename(path) or path
 
 
+def markdown_row(cells: Sequence[Any]) -> str:
+    """``| a | b |``: one row of a Markdown table."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    """The lines of a Markdown table: the header row, the separator, one line per row of cells.
+    The one table writer of the results table and the simulator's reports."""
+    return [markdown_row(columns), "|" + "---|" * len(columns), *(markdown_row(r) for r in rows)]
+
+
 def markdown(rows: Sequence[Row]) -> str:
     ks = sorted({r.k for r in rows})
     pass_header = f"pass@{ks[0]}" if len(ks) == 1 else "pass@k"
     mean_note = f"mean@{ks[0]}" if len(ks) == 1 else "mean@k"
     headers = ["run", "step", *[h for h, _ in COLUMNS], pass_header]
-    lines = [
-        (
-            f"<!-- accuracy (%): {mean_note} per set, AIME = mean of 2024 and 2025, {pass_header} pooled over the "
-            "seven sets (prompt-weighted) -->"
-        ),
-        "| " + " | ".join(headers) + " |",
-        "|" + "---|" * len(headers),
+    cells = [
+        [run_label(r.run), r.step, *[f"{100 * r.columns[h]:.2f}" for h, _ in COLUMNS], f"{100 * r.pass_at_k:.2f}"]
+        for r in rows
     ]
-    for r in rows:
-        cells = [run_label(r.run), str(r.step), *[f"{100 * r.columns[h]:.2f}" for h, _ in COLUMNS]]
-        cells.append(f"{100 * r.pass_at_k:.2f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    comment = (
+        f"<!-- accuracy (%): {mean_note} per set, AIME = mean of 2024 and 2025, {pass_header} pooled over the "
+        "seven sets (prompt-weighted) -->"
+    )
+    return "\n".join([comment, *markdown_table(headers, cells)])
 
 
 def write_csv(rows: Sequence[Row], path: str) -> None:

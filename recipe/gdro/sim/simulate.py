@@ -17,16 +17,18 @@ simulator and training runs alike). See docs/simulator.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS, make_learner
@@ -68,8 +70,6 @@ EXTRA_CURVES = (
 )
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
 
-_PROGRESS: Any = None  # multiprocessing.Value shared with worker processes
-
 
 # ------------------------------------------------------------------------------------ one run
 def run_one(
@@ -81,7 +81,6 @@ def run_one(
     preset: Optional[Mapping[str, Any]] = None,
     overrides: Optional[Mapping[str, Any]] = None,
     metrics_path: Optional[str] = None,
-    progress: Any = None,
     learner: str = DEFAULT_LEARNER,
     lr_scale: float = 1.0,
 ) -> dict[str, Any]:
@@ -161,9 +160,6 @@ def run_one(
                 rec[f"sim/skill/{name}/data_share"] = float(step_skill_prompts[j] / len(ids))
                 rec[f"sim/skill/{name}/compute_share"] = float(step_skill_rollouts[j] / counts.sum())
             append_metrics_jsonl(metrics_path, t, rec)
-        if progress is not None:
-            with progress.get_lock():
-                progress.value += 1
 
     summary = {k: float(curves[k][-1]) for k in CURVE_KEYS}
     summary["mean_accuracy_auc"] = float(curves["mean_accuracy"][1:].mean())
@@ -208,39 +204,16 @@ def steady_state_start(scenario: Scenario, steps: int) -> int:
     return warmup + 1 if steps > warmup else 1
 
 
-class _BarCounter:
-    """In-process stand-in for the shared counter: advances the progress bar directly."""
-
-    def __init__(self, bar: Any):
-        self.bar = bar
-        self._value = 0
-
-    def get_lock(self) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    @property
-    def value(self) -> int:
-        return self._value
-
-    @value.setter
-    def value(self, v: int) -> None:
-        if self.bar is not None:
-            self.bar.update(v - self._value)
-        self._value = v
-
-
-def _init_worker(counter: Any) -> None:
-    global _PROGRESS
-    _PROGRESS = counter
+def _task(job: tuple) -> dict[str, Any]:
+    """One (method, seed) run in a worker process (one torch thread each: the workers share the cores)."""
     import torch
 
     torch.set_num_threads(1)
+    return _run_job(job)
 
 
-def _task(args: tuple) -> dict[str, Any]:
-    scenario, method, seed, steps, preset, overrides, metrics_path, learner, lr_scale = args
+def _run_job(job: tuple) -> dict[str, Any]:
+    scenario, method, seed, steps, preset, overrides, metrics_path, learner, lr_scale = job
     return run_one(
         scenario,
         method,
@@ -249,48 +222,12 @@ def _task(args: tuple) -> dict[str, Any]:
         preset=preset,
         overrides=overrides,
         metrics_path=metrics_path,
-        progress=_PROGRESS,
         learner=learner,
         lr_scale=lr_scale,
     )
 
 
 # ------------------------------------------------------------------------------------ statistics
-# Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30 (beyond: the normal 1.96).
-_T975 = (
-    12.706,
-    4.303,
-    3.182,
-    2.776,
-    2.571,
-    2.447,
-    2.365,
-    2.306,
-    2.262,
-    2.228,
-    2.201,
-    2.179,
-    2.160,
-    2.145,
-    2.131,
-    2.120,
-    2.110,
-    2.101,
-    2.093,
-    2.086,
-    2.080,
-    2.074,
-    2.069,
-    2.064,
-    2.060,
-    2.056,
-    2.052,
-    2.048,
-    2.045,
-    2.042,
-)
-
-
 def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, int]:
     """Mean of the per-seed differences a - b and its 95% t interval: (mean, lo, hi, n).
 
@@ -304,7 +241,7 @@ def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, flo
     mean = float(d.mean())
     if n < 2:
         return mean, float("nan"), float("nan"), n
-    half = (_T975[n - 2] if n - 1 <= len(_T975) else 1.96) * float(d.std(ddof=1)) / np.sqrt(n)
+    half = float(student_t.ppf(0.975, df=n - 1)) * float(d.std(ddof=1)) / np.sqrt(n)
     return mean, mean - half, mean + half, n
 
 
@@ -382,54 +319,30 @@ def run_experiment(
 
     t0 = time.perf_counter()
     results: dict[tuple[str, int], dict[str, Any]] = {}
-    total = len(jobs) * steps
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(
-            total=total,
-            unit="step",
-            desc=f"simulating {scenario.name} [synthetic learner]",
-            dynamic_ncols=True,
-            mininterval=0.5 if sys.stderr.isatty() else 5.0,
-        )
-
-    def tick(counter: Any) -> None:
-        if bar is not None and counter.value > bar.n:
-            bar.update(counter.value - bar.n)
-
-    if workers <= 1 or len(jobs) == 1:
-        counter = _BarCounter(bar)
-        for job in jobs:
-            r = run_one(
-                *job[:3],
-                steps=job[3],
-                preset=job[4],
-                overrides=job[5],
-                metrics_path=job[6],
-                progress=counter,
-                learner=job[7],
-                lr_scale=job[8],
+    # One tick per finished (method, seed) run, in the main process: no shared counter, no
+    # worker initialiser. Leaving the `with` (also on Ctrl-C) shuts the pool down, then the bar.
+    with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(
+            tqdm(
+                total=len(jobs),
+                unit="run",
+                desc=f"simulating {scenario.name} [synthetic learner] {steps} steps/run",
+                disable=not progress,
+                dynamic_ncols=True,
+                mininterval=0.5 if sys.stderr.isatty() else 5.0,
             )
+        )
+        if workers <= 1 or len(jobs) == 1:
+            done = map(_run_job, jobs)
+        else:
+            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+            pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
+            done = (f.result() for f in as_completed([pool.submit(_task, job) for job in jobs]))
+        for r in done:
             results[(r["method"], r["seed"])] = r
-    else:
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-        counter = ctx.Value("q", 0)
-        with ProcessPoolExecutor(
-            max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(counter,)
-        ) as pool:
-            futures = [pool.submit(_task, job) for job in jobs]
-            while not all(f.done() for f in futures):
-                tick(counter)
-                time.sleep(0.25)
-            for f in futures:
-                r = f.result()
-                results[(r["method"], r["seed"])] = r
-    if bar is not None:
-        if bar.n < total:
-            bar.update(total - bar.n)
-        bar.close()
+            bar.update()
     runtime = time.perf_counter() - t0
 
     out = assemble_results(

@@ -32,14 +32,16 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
 from recipe.gdro.sim.methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
-from recipe.gdro.sim.scenario import load_scenario, shipped_scenarios
-from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, paired_ci, run_experiment
+from recipe.gdro.sim.scenario import Scenario, load_scenario, shipped_scenarios
+from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, paired_ci, run_experiment
 
 LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
@@ -152,27 +154,48 @@ ALLOCATOR_ROWS = [
     ("grpo", "uniform (= GRPO)"),
 ]
 
-LR_CURVE_HEADER = "| scenario | method | " + " | ".join(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA) + " | best |"
-COMPARE_HEADER = (
-    "| scenario | method | lr (× base) | mean acc. (%) | worst-skill acc. (%) | Δ mean (pts, 95% CI) "
-    "| Δ worst-skill (pts, 95% CI) | SE red. (%) | var. red. (%) | efficiency (%) | adv. mass ratio |"
-)
-DEFAULTS_HEADER = (
-    "| question | variant | scenario | lr (× base) | mean acc. (%) | worst-skill acc. (%) "
-    "| Δ mean vs default (pts, 95% CI) | Δ worst-skill vs default (pts, 95% CI) | SE red. (%) | efficiency (%) |"
+LR_CURVE_COLUMNS = ("scenario", "method", *(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA), "best")
+COMPARE_COLUMNS = (
+    "scenario", "method", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)", "Δ mean (pts, 95% CI)",
+    "Δ worst-skill (pts, 95% CI)", "SE red. (%)", "var. red. (%)", "efficiency (%)", "adv. mass ratio",
+)  # fmt: skip
+DEFAULTS_COLUMNS = (
+    "question", "variant", "scenario", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)",
+    "Δ mean vs default (pts, 95% CI)", "Δ worst-skill vs default (pts, 95% CI)", "SE red. (%)", "efficiency (%)",
+)  # fmt: skip
+LR_CURVE_HEADER, COMPARE_HEADER, DEFAULTS_HEADER = map(
+    markdown_row, (LR_CURVE_COLUMNS, COMPARE_COLUMNS, DEFAULTS_COLUMNS)
 )
 
 
-def _sep(header: str) -> str:
-    return "|" + "---|" * (header.count("|") - 1)
+@dataclass(frozen=True)
+class RunSpec:
+    """What every run of a sweep shares (learner, seeds, length, workers, progress bar); :meth:`run`
+    is :func:`run_experiment` with it, without files unless asked."""
+
+    learner: str
+    seeds: Sequence[int]
+    steps: Optional[int]
+    workers: Optional[int]
+    progress: bool
+
+    def run(self, scenario: Scenario, out: str, methods: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+        kwargs.setdefault("write_files", False)
+        return run_experiment(
+            scenario,
+            out,
+            methods=list(methods),
+            seeds=self.seeds,
+            steps=self.steps,
+            learner=self.learner,
+            workers=self.workers,
+            progress=self.progress,
+            **kwargs,
+        )
 
 
 def _pm(e: Mapping[str, Any], key: str) -> str:
     return f"{100 * e[key]:.1f} ± {100 * e[key + '_std']:.1f}"
-
-
-def _pct(x: Optional[float]) -> str:
-    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
 
 
 def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
@@ -184,21 +207,13 @@ def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ tuning
-def tune(
-    scenarios: Sequence[str],
-    learner: str,
-    n_seeds: int,
-    steps: Optional[int],
-    workers: Optional[int],
-    out: str,
-    table_path: str = TUNED_LR_FILE,
-    progress: bool = True,
-) -> str:
-    """Run the lr grid on tuning seeds; (re)write the rows of these scenarios/learner in the tuned-lr table."""
+def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TUNED_LR_FILE) -> str:
+    """Run the lr grid on the tuning seeds ``spec.seeds``; (re)write the rows of these scenarios and
+    ``spec.learner`` in the tuned-lr table."""
     os.makedirs(out, exist_ok=True)
-    seeds = list(range(TUNE_SEED0, TUNE_SEED0 + n_seeds))
+    learner, seeds, steps = spec.learner, list(spec.seeds), spec.steps
     rows: list[dict[str, Any]] = []
-    curve_lines = [LR_CURVE_HEADER, _sep(LR_CURVE_HEADER)]
+    curve_rows: list[list[Any]] = []
     for name in scenarios:
         sc = load_scenario(name)
         grid_runs: dict[str, dict[float, float]] = {m: {} for m in TUNE_PRESETS}
@@ -206,19 +221,8 @@ def tune(
         for g in scales:
             methods = [m for m in TUNE_PRESETS if g in LR_GRID or m == "grpo"]
             names = [f"{m}@{g:g}" for m in methods]
-            res = run_experiment(
-                sc,
-                out,
-                methods=names,
-                presets={f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods},
-                lr_scales={n: g for n in names},
-                seeds=seeds,
-                steps=steps,
-                learner=learner,
-                workers=workers,
-                progress=progress,
-                write_files=False,
-            )
+            presets = {f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods}
+            res = spec.run(sc, out, names, presets=presets, lr_scales={n: g for n in names})
             for m, n in zip(methods, names, strict=True):
                 grid_runs[m][g] = float(res["methods"][n]["mean_accuracy"])
         for m, by in grid_runs.items():
@@ -239,7 +243,7 @@ def tune(
                 }
             )
             cells = [f"{100 * by[g]:.1f}" if g in by else "–" for g in LR_GRID + GRPO_EXTRA]
-            curve_lines.append(f"| {sc.name} | {m} | " + " | ".join(cells) + f" | ×{best:g} |")
+            curve_rows.append([sc.name, m, *cells, f"×{best:g}"])
     # Keep rows of other scenarios / learners already in the table.
     keep: list[dict[str, Any]] = []
     if os.path.exists(table_path):
@@ -251,7 +255,7 @@ def tune(
         w.writeheader()
         for r in keep + rows:
             w.writerow(r)
-    text = "\n".join(curve_lines)
+    text = "\n".join(markdown_table(LR_CURVE_COLUMNS, curve_rows))
     with open(os.path.join(out, "lr_curve.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
     plot_lr_curves(rows, os.path.join(out, "lr_curve.png"))
@@ -284,20 +288,27 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ study
-def _compare_rows(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str]) -> list[str]:
-    lines = []
+def _compare_rows(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str]) -> list[list]:
+    rows = []
     for m in methods:
         e = res["methods"][m]
         same = e is ref
-        lines.append(
-            f"| {scen} | {m.split('@')[0].replace('eqmass-', '')} | ×{e['lr_scale']:g} "
-            f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
-            f"| {'–' if same else _delta(e, ref, 'mean_accuracy')} "
-            f"| {'–' if same else _delta(e, ref, 'worst_skill_accuracy')} "
-            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['efficiency'])} "
-            f"| {e['advantage_mass_ratio']:.2f} |"
+        rows.append(
+            [
+                scen,
+                m.split("@")[0].replace("eqmass-", ""),
+                f"×{e['lr_scale']:g}",
+                _pm(e, "mean_accuracy"),
+                _pm(e, "worst_skill_accuracy"),
+                "–" if same else _delta(e, ref, "mean_accuracy"),
+                "–" if same else _delta(e, ref, "worst_skill_accuracy"),
+                _pct(e["se_reduction"]),
+                _pct(e["variance_reduction"]),
+                _pct(e["efficiency"]),
+                f"{e['advantage_mass_ratio']:.2f}",
+            ]
         )
-    return lines
+    return rows
 
 
 def _outcomes(
@@ -329,22 +340,20 @@ def _outcomes(
 
 def study(
     scenarios: Sequence[str],
-    learner: str,
-    n_seeds: int,
-    steps: Optional[int],
-    workers: Optional[int],
+    spec: RunSpec,
     out: str,
     table_path: str = TUNED_LR_FILE,
-    progress: bool = True,
     command: str = "",
     full: bool = False,
 ) -> str:
+    """Headline, equal-mass and defaults tables over the evaluation seeds ``spec.seeds``, each
+    method at its tuned lr from ``table_path``."""
     os.makedirs(out, exist_ok=True)
     variants = DEFAULTS_VARIANTS + (DEFAULTS_EXTRA if full else [])
-    seeds = list(range(n_seeds))
-    head = [COMPARE_HEADER, _sep(COMPARE_HEADER)]
-    eq = [COMPARE_HEADER, _sep(COMPARE_HEADER)]
-    dft = [DEFAULTS_HEADER, _sep(DEFAULTS_HEADER)]
+    learner, seeds = spec.learner, list(spec.seeds)
+    head: list[list] = []  # rows of the headline, equal-mass and defaults tables
+    eq: list[list] = []
+    dft: list[list] = []
     outcome_head: list[str] = []
     outcome_eq: list[str] = []
     t0 = time.perf_counter()
@@ -355,16 +364,12 @@ def study(
         lr_note = "each method at its own tuned lr (× base): " + ", ".join(
             f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS
         )
-        headline = run_experiment(
+        headline = spec.run(
             sc,
             os.path.join(out, sc.name),
-            methods=list(DEFAULT_METHODS),
+            DEFAULT_METHODS,
             lr_scales=tuned,
-            seeds=seeds,
-            steps=steps,
-            learner=learner,
-            workers=workers,
-            progress=progress,
+            write_files=True,
             lr_note=lr_note,
             title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`",
         )
@@ -386,19 +391,7 @@ def study(
         for _, vname, preset, lr_of, _ in variants:
             presets[vname] = preset
             scales[vname] = tuned[lr_of]
-        extra = run_experiment(
-            sc,
-            os.path.join(out, sc.name),
-            methods=list(presets),
-            presets=presets,
-            lr_scales=scales,
-            seeds=seeds,
-            steps=steps,
-            learner=learner,
-            workers=workers,
-            progress=progress,
-            write_files=False,
-        )
+        extra = spec.run(sc, os.path.join(out, sc.name), list(presets), presets=presets, lr_scales=scales)
         both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
         eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
         outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
@@ -412,11 +405,18 @@ def study(
                 e = both["methods"][v]
                 same = v == ref_m
                 dft.append(
-                    f"| {q} | {label} | {sc.name} | ×{e['lr_scale']:g} "
-                    f"| {_pm(e, 'mean_accuracy')} | {_pm(e, 'worst_skill_accuracy')} "
-                    f"| {'–' if same else _delta(e, r, 'mean_accuracy')} "
-                    f"| {'–' if same else _delta(e, r, 'worst_skill_accuracy')} "
-                    f"| {_pct(e['se_reduction'])} | {_pct(e['efficiency'])} |"
+                    [
+                        q,
+                        label,
+                        sc.name,
+                        f"×{e['lr_scale']:g}",
+                        _pm(e, "mean_accuracy"),
+                        _pm(e, "worst_skill_accuracy"),
+                        "–" if same else _delta(e, r, "mean_accuracy"),
+                        "–" if same else _delta(e, r, "worst_skill_accuracy"),
+                        _pct(e["se_reduction"]),
+                        _pct(e["efficiency"]),
+                    ]
                 )
         summary[sc.name] = {
             m: {
@@ -435,7 +435,15 @@ def study(
             for m, e in both["methods"].items()
         }
     runtime = time.perf_counter() - t0
-    files = {"headline.md": "\n".join(head), "equal_mass.md": "\n".join(eq), "defaults.md": "\n".join(dft)}
+    tables = {
+        name: "\n".join(markdown_table(columns, rows))
+        for name, columns, rows in (
+            ("headline", COMPARE_COLUMNS, head),
+            ("equal_mass", COMPARE_COLUMNS, eq),
+            ("defaults", DEFAULTS_COLUMNS, dft),
+        )
+    }
+    files = {f"{name}.md": text for name, text in tables.items()}
     for fn, text in files.items():
         with open(os.path.join(out, fn), "w", encoding="utf-8") as f:
             f.write(text + "\n")
@@ -461,7 +469,7 @@ def study(
         "",
         "## Headline: every method at its own tuned lr (Δ vs tuned GRPO)",
         "",
-        "\n".join(head),
+        tables["headline"],
         "",
         *outcome_head,
         "",
@@ -470,13 +478,13 @@ def study(
         "prompt.normalize=advantage_mass keeps Σ|A·m| = Σ|A| for the methods with Prompt-GDRO; the Rollout-GDRO-only",
         "methods have no multipliers, so their rows compare them at GRPO's lr (their own tuned lr is in the headline).",
         "",
-        "\n".join(eq),
+        tables["equal_mass"],
         "",
         *outcome_eq,
         "",
         "## Defaults study (one option at a time; Δ vs the current default at its tuned lr)",
         "",
-        "\n".join(dft),
+        tables["defaults"],
         "",
     ]
     if lr_curve:
@@ -525,34 +533,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for s in args.scenarios:
         load_scenario(s)
     cmd = "python -m recipe.gdro.sim.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
     if args.what in ("tune", "all"):
-        print(
-            tune(
-                args.scenarios,
-                args.learner,
-                args.tune_seeds,
-                args.steps,
-                args.workers,
-                args.out,
-                args.table,
-                not args.quiet,
-            )
-        )
+        tune_seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)
+        print(tune(args.scenarios, RunSpec(seeds=list(tune_seeds), **shared), args.out, args.table))
     if args.what in ("study", "all"):
-        print(
-            study(
-                args.scenarios,
-                args.learner,
-                args.seeds,
-                args.steps,
-                args.workers,
-                args.out,
-                args.table,
-                not args.quiet,
-                cmd,
-                args.full,
-            )
-        )
+        spec = RunSpec(seeds=list(range(args.seeds)), **shared)
+        print(study(args.scenarios, spec, args.out, args.table, cmd, args.full))
     return 0
 
 
