@@ -1,6 +1,7 @@
 """Entry point of the GDRO recipe for verl 0.9.1.
 
     python -m recipe.gdro.main_gdro [hydra overrides]                    # train
+    python -m recipe.gdro.main_gdro size=8b method=rollout_gdro [...]    # the paper's launch (config groups)
     python -m recipe.gdro.main_gdro gdro.dry_run=true [hydra overrides]  # check + print the plan, exit
     python -m recipe.gdro.main_gdro gdro.dry_run=config [overrides]      # the same, data files not required
     python -m recipe.gdro.main_gdro --help                               # usage and the gdro.* keys

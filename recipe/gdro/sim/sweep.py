@@ -288,20 +288,21 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ study
+def _versus(e: Mapping[str, Any], ref: Mapping[str, Any], same: bool) -> list[str]:
+    """lr, mean and worst-skill accuracy, and their paired Δ against ``ref`` ("–" for ``ref`` itself)."""
+    deltas = ["–", "–"] if same else [_delta(e, ref, k) for k in ("mean_accuracy", "worst_skill_accuracy")]
+    return [f"×{e['lr_scale']:g}", _pm(e, "mean_accuracy"), _pm(e, "worst_skill_accuracy"), *deltas]
+
+
 def _compare_rows(scen: str, res: Mapping[str, Any], ref: Mapping[str, Any], methods: Sequence[str]) -> list[list]:
     rows = []
     for m in methods:
         e = res["methods"][m]
-        same = e is ref
         rows.append(
             [
                 scen,
                 m.split("@")[0].replace("eqmass-", ""),
-                f"×{e['lr_scale']:g}",
-                _pm(e, "mean_accuracy"),
-                _pm(e, "worst_skill_accuracy"),
-                "–" if same else _delta(e, ref, "mean_accuracy"),
-                "–" if same else _delta(e, ref, "worst_skill_accuracy"),
+                *_versus(e, ref, e is ref),
                 _pct(e["se_reduction"]),
                 _pct(e["variance_reduction"]),
                 _pct(e["efficiency"]),
@@ -403,20 +404,8 @@ def study(
             rows += [(label, v) for qq, v, _, _, label in variants if qq == q]
             for label, v in rows:
                 e = both["methods"][v]
-                same = v == ref_m
                 dft.append(
-                    [
-                        q,
-                        label,
-                        sc.name,
-                        f"×{e['lr_scale']:g}",
-                        _pm(e, "mean_accuracy"),
-                        _pm(e, "worst_skill_accuracy"),
-                        "–" if same else _delta(e, r, "mean_accuracy"),
-                        "–" if same else _delta(e, r, "worst_skill_accuracy"),
-                        _pct(e["se_reduction"]),
-                        _pct(e["efficiency"]),
-                    ]
+                    [q, label, sc.name, *_versus(e, r, v == ref_m), _pct(e["se_reduction"]), _pct(e["efficiency"])]
                 )
         summary[sc.name] = {
             m: {
