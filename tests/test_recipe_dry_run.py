@@ -19,6 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_helpers import standins as S  # noqa: E402
 
 from recipe.gdro.main_gdro import cli  # noqa: E402
+from recipe.gdro.startup.checks import GDRORecipeError, prepare  # noqa: E402
+from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -288,3 +290,46 @@ def test_cli_help_lists_the_gdro_keys(tmp_path):
     for key in ("gdro.binner.num_bins", "gdro.prompt.eta", "gdro.rollout.allocator", "gdro.dry_run"):
         assert any(line.strip().startswith(key + " ") for line in lines), key
     assert "--help-all" in proc.stdout
+
+
+# ------------------------------------------------------------------------ required keys, GPU layout
+def test_dry_run_names_every_missing_required_key_at_once(capsys):
+    """verl's bare defaults (no size group) lack three keys; all are named in one message, exit 2."""
+    assert cli(["data.train_files=[/nowhere/train.parquet]", "gdro.rollout.enable=true", "gdro.dry_run=config"]) == 2
+    err = capsys.readouterr().err
+    assert "3 required key(s) not set" in err
+    for key in (
+        "actor_rollout_ref.rollout.name",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    ):
+        assert key in err
+    assert "size=" in err  # points at the groups
+    # the reference policy's micro-batch is required only when a KL term needs the reference
+    assert cli(["actor_rollout_ref.actor.use_kl_loss=true", "gdro.dry_run=config"]) == 2
+    assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "size,method,args,needle",
+    [
+        ("8b", "rollout_gdro", ["trainer.nnodes=3"], "not a multiple of lcm"),  # 1024 rows / 24 GPUs
+        ("1.7b", "rollout_gdro", ["trainer.n_gpus_per_node=6"], "not a multiple of lcm"),
+        ("8b", "grpo", ["trainer.n_gpus_per_node=1"], "not divisible by the rollout tensor-parallel size"),
+        ("1.7b", "grpo", ["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "tensor-parallel size"),
+        ("4b", "grpo", ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"], "must hold one full sequence"),
+    ],
+    ids=["nnodes3", "gpus6", "8b_on_1_gpu", "tp3", "token_budget"],
+)
+def test_recipe_refuses_layouts_that_do_not_divide(size, method, args, needle):
+    """The layout checks the bash launcher did now run on the final config (any launch)."""
+    config = compose_config([f"size={size}", f"method={method}", *args])
+    with pytest.raises(GDRORecipeError, match=needle):
+        prepare(config, run_verl_checks=False)
+
+
+def test_layout_checks_see_the_final_config():
+    """3 nodes x 8 GPUs do not divide 256 x 4, but they divide the batch given as arguments."""
+    args = ["trainer.nnodes=3", "data.train_batch_size=384", "actor_rollout_ref.actor.ppo_mini_batch_size=192"]
+    prepared = prepare(compose_config(["size=4b", "method=rollout_gdro", *args]), run_verl_checks=False)
+    assert prepared.budget.padding_rows == 0

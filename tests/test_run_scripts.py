@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_helpers import launch_configs as LC  # noqa: E402
 
 from recipe.gdro.main_gdro import cli  # noqa: E402
-from recipe.gdro.startup.checks import GDRORecipeError, prepare  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,7 +199,7 @@ def test_unknown_group_choice_is_named(capsys):
     assert "size=9b" in err and "1.7b, 4b, 8b" in err
 
 
-# ------------------------------------------------------------------------ required keys, layout
+# ------------------------------------------------------------------------ the README's launch
 README_LINE = re.compile(r"Without the scripts: `(python -m recipe\.gdro\.main_gdro [^`]+)`")
 
 
@@ -210,48 +209,6 @@ def test_readme_line_without_the_scripts_runs_as_written(tmp_path, capsys):
     argv = shlex.split(line.replace("$HOME", str(tmp_path)))[3:]
     assert cli([*argv, "gdro.dry_run=config"]) == 0, capsys.readouterr().err
     assert "dry run OK" in capsys.readouterr().out
-
-
-def test_dry_run_names_every_missing_required_key_at_once(capsys):
-    """verl's bare defaults (no size group) lack three keys; all are named in one message, exit 2."""
-    assert cli(["data.train_files=[/nowhere/train.parquet]", "gdro.rollout.enable=true", "gdro.dry_run=config"]) == 2
-    err = capsys.readouterr().err
-    assert "3 required key(s) not set" in err
-    for key in (
-        "actor_rollout_ref.rollout.name",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    ):
-        assert key in err
-    assert "size=" in err  # points at the groups
-    # the reference policy's micro-batch is required only when a KL term needs the reference
-    assert cli(["actor_rollout_ref.actor.use_kl_loss=true", "gdro.dry_run=config"]) == 2
-    assert "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    "size,method,args,needle",
-    [
-        ("8b", "rollout_gdro", ["trainer.nnodes=3"], "not a multiple of lcm"),  # 1024 rows / 24 GPUs
-        ("1.7b", "rollout_gdro", ["trainer.n_gpus_per_node=6"], "not a multiple of lcm"),
-        ("8b", "grpo", ["trainer.n_gpus_per_node=1"], "not divisible by the rollout tensor-parallel size"),
-        ("1.7b", "grpo", ["actor_rollout_ref.rollout.tensor_model_parallel_size=3"], "tensor-parallel size"),
-        ("4b", "grpo", ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"], "must hold one full sequence"),
-    ],
-    ids=["nnodes3", "gpus6", "8b_on_1_gpu", "tp3", "token_budget"],
-)
-def test_recipe_refuses_layouts_that_do_not_divide(size, method, args, needle):
-    """The layout checks the bash launcher did now run on the final config (any launch)."""
-    config = compose_config([f"size={size}", f"method={method}", *args])
-    with pytest.raises(GDRORecipeError, match=needle):
-        prepare(config, run_verl_checks=False)
-
-
-def test_layout_checks_see_the_final_config():
-    """3 nodes x 8 GPUs do not divide 256 x 4, but they divide the batch given as arguments."""
-    args = ["trainer.nnodes=3", "data.train_batch_size=384", "actor_rollout_ref.actor.ppo_mini_batch_size=192"]
-    prepared = prepare(compose_config(["size=4b", "method=rollout_gdro", *args]), run_verl_checks=False)
-    assert prepared.budget.padding_rows == 0
 
 
 # ------------------------------------------------------------------------ dry runs through the scripts
@@ -291,7 +248,6 @@ def dry_runs(tmp_path_factory):
     )
     jobs = {key: (script_path(*key), (), base) for key in DRY_SCRIPTS}
     jobs["custom"] = (script_path("1.7b", "rollout_gdro"), CUSTOM_ARGS, custom_env)
-    jobs["paper_exact"] = (script_path("8b", "rollout_gdro"), (), {**base, "PAPER_EXACT": "1"})
     jobs["typo"] = (script_path("1.7b", "rollout_gdro"), ("gdro.rollout.n_mn=2",), base)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
     futures = {key: pool.submit(run_script, s, a, env=e, cwd=tmp) for key, (s, a, e) in jobs.items()}
@@ -350,18 +306,6 @@ def test_environment_and_argument_overrides_win(dry_runs):
     assert "extra_info.index unique" in proc.stdout
     assert "acc probe: math_dapo: ['acc'" in proc.stdout
     assert "data note    data.train_files hold 8 prompt(s)" in proc.stdout
-
-
-def test_paper_exact_reproduces_the_released_rollout_settings(dry_runs):
-    exact = _result(dry_runs, "paper_exact")
-    assert exact.returncode == 0, f"exit {exact.returncode}\n{exact.stdout[-3000:]}\n{exact.stderr[-3000:]}"
-    assert "| PAPER_EXACT" in exact.stderr
-    keys, gdro = parse_dry_run(exact.stdout)
-    assert {k: gdro["rollout"][k] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
-    assert "Rollout-GDRO ON   allocator=bandit, n(x) in [2, 12]" in exact.stdout
-    default_keys, default_gdro = parse_dry_run(_result(dry_runs, ("8b", "rollout_gdro")).stdout)
-    assert default_gdro["rollout"]["allocator"] == "sqrt"
-    assert keys == default_keys
 
 
 def test_mistyped_override_fails_naming_the_key(dry_runs):
@@ -477,6 +421,18 @@ def test_launcher_refuses_bad_environment_values(tmp_path, stub_python, env_extr
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert read() is None
+
+
+def test_paper_exact_selects_the_group(tmp_path, stub_python):
+    """PAPER_EXACT=1 -> paper_exact=on after the method (resolved values: the fixture test)."""
+    stub, read = stub_python
+    env = clean_env(PYTHON=str(stub), DRY_RUN="1", LOGGER="console", PAPER_EXACT="1")
+    proc = run_script(script_path("8b", "rollout_gdro"), env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "| PAPER_EXACT" in proc.stderr, proc.stderr
+    assert read()[2:5] == ["size=8b", "method=rollout_gdro", "paper_exact=on"]
+    proc = run_script(script_path("8b", "grpo"), env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "method 'grpo' has no released settings" in proc.stderr
+    assert "paper_exact=on" in read()
 
 
 def test_dry_run_modes_reach_the_recipe(tmp_path, stub_python):
