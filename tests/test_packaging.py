@@ -43,6 +43,8 @@ out = {
     "config": (importlib.resources.files("recipe.gdro") / "config" / "gdro_trainer.yaml").is_file(),
     "scenario": (importlib.resources.files("recipe.gdro") / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
 }
+from recipe.gdro.startup.cli import compose_config  # the config groups resolve from the installed package
+out["groups"] = compose_config(["size=8b", "method=rollout_gdro", "paper_exact=on"]).gdro.rollout.allocator
 for name in sys.argv[1:]:
     module = importlib.import_module(name)
     out[name] = getattr(module, "__file__", None) or list(module.__path__)[0]
@@ -142,6 +144,7 @@ def test_installed_package_imports_outside_the_repo(tmp_path, editable):
     expected = REPO if editable else tmp_path / "venv"
     assert Path(out["gdro"]).is_relative_to(expected), out["gdro"]
     assert out["config"] and out["scenario"]
+    assert out["groups"] == "bandit"
     assert out["recipe.other"] == str(other / "recipe" / "other" / "__init__.py")
     if "recipe.simple_use_case" in modules:
         assert "site-packages" in out["recipe.simple_use_case"]

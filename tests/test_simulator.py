@@ -470,10 +470,15 @@ def test_paired_ci():
     from recipe.gdro.sim.simulate import paired_ci
 
     mean, lo, hi, n = paired_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
-    # d = 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.303 → half-width 4.303 / sqrt(3)
+    # d = 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.30265 (tables) → half-width 4.30265 / sqrt(3)
     assert (mean, n) == (2.0, 3)
-    assert hi - mean == pytest.approx(4.303 / np.sqrt(3)) and mean - lo == pytest.approx(4.303 / np.sqrt(3))
+    half = 4.302653 / np.sqrt(3)
+    assert hi - mean == pytest.approx(half, rel=1e-6) and mean - lo == pytest.approx(half, rel=1e-6)
     assert np.isnan(paired_ci([1.0], [0.0])[1])
+    # 41 seeds: t(0.975, 40) = 2.02108, not the normal 1.96
+    d = np.tile([1.0, -1.0], 21)[:41]
+    mean, lo, hi, n = paired_ci(d, np.zeros(41))
+    assert hi - mean == pytest.approx(2.021075 * d.std(ddof=1) / np.sqrt(41), rel=1e-6)
 
 
 def test_lr_scale_and_tuned_lr_lookup(tmp_path):
