@@ -1,0 +1,208 @@
+"""The evidence protocol of the study harness: primary comparisons declared before running, Holm's
+correction over them, a refusal to compare runs whose budgets differ, tokens-to-target, and a run
+cache keyed by the full configuration.
+
+A comparison is only as good as the rules around it:
+
+* **Declared families.** :class:`Comparison` rows are either ``primary`` (declared before any run:
+  their p-values form one family under Holm's step-down correction) or ``exploratory`` (reported
+  with unadjusted intervals and labelled so). A primary row cannot be added once results exist.
+* **Holm (1979).** Sort the m p-values ascending, p_(1) ≤ ... ≤ p_(m); reject H_(i) while
+  p_(i) ≤ α / (m - i + 1); the adjusted p-value is max_{j ≤ i} min(1, (m - j + 1) p_(j)). It
+  controls the family-wise error rate at α under any dependence between the tests.
+* **Equal budgets.** Two methods are compared at equal generated tokens or at equal rollouts;
+  :func:`check_equal_budgets` refuses a comparison whose budgets differ beyond a tolerance, naming
+  the method and both totals.
+* **Run cache.** :class:`RunCache` stores one result per configuration under the SHA-256 of its
+  canonical JSON; a lookup returns a stored run only when every key of its stored configuration
+  equals the requested one (a hash collision or an edited file is a miss, never a wrong reuse).
+  Writes are atomic, so an interrupted study leaves whole runs or none, and a study resumes by
+  running only what the cache lacks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from verl_ext.atomic import atomic_replace
+
+PRIMARY = "primary"
+EXPLORATORY = "exploratory"
+
+
+# ----------------------------------------------------------------------------------------- Holm
+@dataclass(frozen=True)
+class HolmResult:
+    p: float
+    p_adjusted: float
+    rejected: bool
+
+
+def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmResult]:
+    """Holm's step-down correction of a family of p-values (module docstring).
+
+    A NaN p-value (a comparison that could not be tested, e.g. one seed) counts in the family size
+    m, is never rejected, and has adjusted p NaN: leaving it out would make the others easier to
+    reject.
+    """
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha={alpha}: must be in (0, 1)")
+    names = list(pvalues)
+    m = len(names)
+    p = np.array([float(pvalues[n]) for n in names], dtype=np.float64)
+    if np.any((p < 0) | (p > 1)):
+        bad = next(n for n, v in zip(names, p, strict=True) if v < 0 or v > 1)
+        raise ValueError(f"p-value of {bad!r} is {pvalues[bad]}: must be in [0, 1]")
+    finite = ~np.isnan(p)
+    order = sorted((i for i in range(m) if finite[i]), key=lambda i: p[i])
+    out: dict[str, HolmResult] = {n: HolmResult(float("nan"), float("nan"), False) for n in names}
+    running_max = 0.0
+    still_rejecting = True
+    for rank, i in enumerate(order):  # rank 0 is the smallest p
+        running_max = max(running_max, min(1.0, (m - rank) * p[i]))
+        still_rejecting = still_rejecting and p[i] <= alpha / (m - rank)
+        out[names[i]] = HolmResult(float(p[i]), float(running_max), bool(still_rejecting))
+    return out
+
+
+def paired_t_pvalue(differences: Sequence[float]) -> float:
+    """Two-sided p-value of the paired t-test that the mean per-seed difference is 0 (NaN for
+    fewer than two seeds; 1.0 when every difference is exactly 0, and 0.0 when they are all the
+    same non-zero value: no variance, no doubt)."""
+    from scipy import stats
+
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[~np.isnan(d)]
+    if d.size < 2:
+        return float("nan")
+    if np.all(d == d[0]):
+        return 1.0 if d[0] == 0 else 0.0
+    return float(stats.ttest_1samp(d, 0.0).pvalue)
+
+
+# ---------------------------------------------------------------------------------- comparisons
+@dataclass(frozen=True)
+class Comparison:
+    """One declared comparison: ``method`` against ``baseline`` on ``metric`` (higher is better
+    unless ``lower_is_better``), ``family`` = ``primary`` or ``exploratory``."""
+
+    name: str
+    method: str
+    baseline: str
+    metric: str
+    family: str = PRIMARY
+    lower_is_better: bool = False
+
+    def __post_init__(self):
+        if self.family not in (PRIMARY, EXPLORATORY):
+            raise ValueError(f"comparison {self.name!r}: family={self.family!r}; use {PRIMARY!r} or {EXPLORATORY!r}")
+
+
+class BudgetMismatch(ValueError):
+    """Two runs compared at 'equal budget' whose budgets differ."""
+
+
+def check_equal_budgets(totals: Mapping[str, float], what: str, rtol: float = 0.0) -> float:
+    """Refuse a comparison across methods whose ``what`` totals (``rollouts`` or ``tokens``)
+    differ by more than ``rtol`` of the largest; returns the common total.
+
+    Rollout-GDRO keeps Σ n = B·n̄ exactly, so equal rollouts is ``rtol=0``; generated tokens are
+    random, so a comparison "at equal tokens" either reads every method at one token count (see
+    :func:`value_at_budget`) or states the tolerance it accepts.
+    """
+    if not totals:
+        raise BudgetMismatch(f"no runs to compare at equal {what}")
+    values = {k: float(v) for k, v in totals.items()}
+    bad = [k for k, v in values.items() if not math.isfinite(v) or v <= 0]
+    if bad:
+        raise BudgetMismatch(f"{what} budget of {bad[0]!r} is {values[bad[0]]}: must be a positive number")
+    hi_name = max(values, key=values.get)
+    lo_name = min(values, key=values.get)
+    hi, lo = values[hi_name], values[lo_name]
+    if hi - lo > rtol * hi:
+        raise BudgetMismatch(
+            f"unequal {what}: {lo_name!r} used {lo:g}, {hi_name!r} used {hi:g} "
+            f"({100 * (hi - lo) / hi:.2f}% apart; tolerance {100 * rtol:g}%)"
+        )
+    return hi
+
+
+def value_at_budget(budget: Sequence[float], values: Sequence[float], at: float) -> float:
+    """A learning curve read at cumulative budget ``at`` (linear interpolation between the two
+    evaluations around it; NaN beyond the run's last evaluation: never extrapolated)."""
+    x = np.asarray(budget, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
+    if x.size == 0 or at > x[-1] or at < x[0]:
+        return float("nan")
+    if np.any(np.diff(x) < 0):
+        raise ValueError("budget must be non-decreasing along the curve")
+    return float(np.interp(at, x, y))
+
+
+def budget_to_reach(budget: Sequence[float], values: Sequence[float], target: float) -> float:
+    """The cumulative budget (tokens, rollouts) at which a curve first reaches ``target``,
+    interpolated between the evaluations around the crossing; ``inf`` if it never does."""
+    x = np.asarray(budget, dtype=np.float64)
+    y = np.asarray(values, dtype=np.float64)
+    hit = np.nonzero(y >= target)[0]
+    if hit.size == 0:
+        return float("inf")
+    i = int(hit[0])
+    if i == 0:
+        return float(x[0])
+    x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
+    return float(x0 + (target - y0) * (x1 - x0) / (y1 - y0))
+
+
+# ------------------------------------------------------------------------------------ run cache
+def canonical_json(config: Mapping[str, Any]) -> str:
+    """Key-sorted, whitespace-free JSON: equal configurations give equal text. Floats keep their
+    full repr, so 3e-4 and 0.0003 are one key but 3e-4 and 3.0001e-4 are two."""
+    try:
+        return json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    except TypeError as e:
+        raise TypeError(f"run config is not JSON-serialisable ({e}); pass plain dicts, lists, str, numbers") from e
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
+
+
+class RunCache:
+    """Results of finished runs, one JSON file per configuration (module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = os.fspath(folder)
+        os.makedirs(self.folder, exist_ok=True)
+
+    def path(self, config: Mapping[str, Any]) -> str:
+        return os.path.join(self.folder, config_key(config) + ".json")
+
+    def get(self, config: Mapping[str, Any]) -> Optional[dict]:
+        """The stored result of exactly ``config``, or None."""
+        path = self.path(config)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as f:
+                stored = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None  # unreadable: run again rather than trust it
+        if not isinstance(stored, dict) or canonical_json(stored.get("config", {})) != canonical_json(config):
+            return None
+        return stored.get("result")
+
+    def put(self, config: Mapping[str, Any], result: Mapping[str, Any]) -> str:
+        path = self.path(config)
+        text = json.dumps({"config": config, "result": result}, sort_keys=True, allow_nan=True)
+        with atomic_replace(path, "w") as f:
+            f.write(text)
+        return path

@@ -1,0 +1,98 @@
+"""The study harness's evidence protocol: Holm's correction, equal-budget refusal, tokens-to-target
+and the run cache (recipe/gdro/sim/protocol.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from recipe.gdro.sim.protocol import (
+    BudgetMismatch,
+    Comparison,
+    RunCache,
+    budget_to_reach,
+    check_equal_budgets,
+    holm,
+    paired_t_pvalue,
+    value_at_budget,
+)
+
+
+def test_holm_on_a_known_case():
+    # Holm (1979)-style worked example: m = 4, alpha = 0.05; thresholds 0.0125, 0.0167, 0.025, 0.05.
+    res = holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert [res[k].rejected for k in "dacb"] == [True, True, False, False]
+    # adjusted: d 4*0.005=0.02, a max(0.02, 3*0.01=0.03)=0.03, c max(0.03, 2*0.03)=0.06, b max(0.06, 0.04)=0.06
+    assert [round(res[k].p_adjusted, 12) for k in "dacb"] == [0.02, 0.03, 0.06, 0.06]
+    # 0.04 alone would pass at 0.05, but not after c failed: step-down stops at the first failure
+    assert res["b"].p == 0.04 and not res["b"].rejected
+
+
+def test_holm_stricter_than_unadjusted_and_never_above_one():
+    res = holm({f"x{i}": 0.02 for i in range(5)})
+    assert not any(r.rejected for r in res.values())  # 5 * 0.02 = 0.1 > 0.05
+    assert all(r.p_adjusted == pytest.approx(0.1) for r in res.values())
+    assert holm({"a": 0.6, "b": 0.9})["b"].p_adjusted == 1.0
+
+
+def test_holm_counts_untestable_comparisons_in_the_family():
+    res = holm({"a": 0.02, "b": float("nan")})
+    assert res["a"].p_adjusted == pytest.approx(0.04) and res["a"].rejected
+    assert math.isnan(res["b"].p_adjusted) and not res["b"].rejected
+    with pytest.raises(ValueError, match="'c'"):
+        holm({"c": 1.5})
+
+
+def test_paired_t_pvalue():
+    assert math.isnan(paired_t_pvalue([0.3]))
+    assert paired_t_pvalue([0.0, 0.0, 0.0]) == 1.0
+    assert paired_t_pvalue([1.0, 1.0, 1.0]) == 0.0
+    # scipy's ttest_1samp on (1, 2, 3): t = 2 / (1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
+    assert paired_t_pvalue([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=1e-4)
+
+
+def test_comparison_family_is_checked():
+    Comparison("c", "rollout_gdro", "grpo", "mean_accuracy")
+    with pytest.raises(ValueError, match="family='primry'"):
+        Comparison("c", "rollout_gdro", "grpo", "mean_accuracy", family="primry")
+
+
+def test_unequal_budgets_are_refused_naming_the_methods():
+    assert check_equal_budgets({"grpo": 256_000, "rollout_gdro": 256_000}, "rollouts") == 256_000
+    with pytest.raises(BudgetMismatch, match="'grpo' used 1000.*'rollout_gdro' used 1100"):
+        check_equal_budgets({"grpo": 1000, "rollout_gdro": 1100}, "tokens", rtol=0.05)
+    assert check_equal_budgets({"grpo": 1000, "rollout_gdro": 1040}, "tokens", rtol=0.05) == 1040
+    with pytest.raises(BudgetMismatch, match="'joint'.*positive"):
+        check_equal_budgets({"grpo": 1000, "joint": float("nan")}, "tokens")
+    with pytest.raises(BudgetMismatch, match="no runs"):
+        check_equal_budgets({}, "tokens")
+
+
+def test_curves_read_at_a_budget_and_to_a_target():
+    tokens, acc = [0, 100, 200, 300], [0.5, 0.6, 0.7, 0.65]
+    assert value_at_budget(tokens, acc, 150) == pytest.approx(0.65)
+    assert math.isnan(value_at_budget(tokens, acc, 301))  # never extrapolated
+    assert budget_to_reach(tokens, acc, 0.65) == pytest.approx(150)
+    assert budget_to_reach(tokens, acc, 0.5) == 0
+    assert budget_to_reach(tokens, acc, 0.71) == math.inf
+
+
+def test_run_cache_never_reuses_a_run_whose_config_differs(tmp_path):
+    cache = RunCache(tmp_path / "cache")
+    config = {"method": "grpo", "lr": 3e-4, "seed": 0, "steps": 200, "model": {"hidden": 64}}
+    assert cache.get(config) is None
+    cache.put(config, {"mean_accuracy": 0.63})
+    assert cache.get(dict(reversed(list(config.items())))) == {"mean_accuracy": 0.63}  # key order irrelevant
+    for key, value in [("lr", 3.0001e-4), ("seed", 1), ("steps", 201), ("model", {"hidden": 65})]:
+        assert cache.get({**config, key: value}) is None, key
+    assert cache.get({**config, "extra": None}) is None  # a new key is a different config
+    # a stored file whose config was edited (or a hash collision) is a miss, not a wrong result
+    path = cache.path(config)
+    stored = json.loads(open(path, encoding="utf-8").read())
+    stored["config"]["lr"] = 1e-3
+    open(path, "w", encoding="utf-8").write(json.dumps(stored))
+    assert cache.get(config) is None
+    open(path, "w", encoding="utf-8").write("{truncated")
+    assert cache.get(config) is None
