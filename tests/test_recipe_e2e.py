@@ -195,7 +195,9 @@ def replay_and_check(
         acc = np.array([script.correct(r["index"], r["session"], step) for r in rows])
         grpo = S.grpo_reference(update["rows"])
         mean_abs = np.abs([grpo[r["key"]] for r in rows]) if abs_adv else None
-        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs)
+        # each uid is one visit of its prompt (a prompt may have two groups in a step), in fetch order
+        visit = {uid: i for i, uid in enumerate(batch["uid"])}
+        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs, [visit[r["uid"]] for r in rows])
         for r, m in zip(rows, mult, strict=True):
             expected = grpo[r["key"]] * m
             assert r["advantage"] == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, r["index"], r["session"])
@@ -607,3 +609,35 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     assert rows[0].step == 2 and rows[0].k == 2 and rows[0].pass_source == "exact"
     assert rows[0].columns["MATH500"] == 1.0 and rows[0].columns["Minerva"] == 1.0
     assert rows[0].columns["AIME"] == pytest.approx((0.0 + records[1]["val-core/aime2025/acc/mean@2"]) / 2)
+
+
+# ------------------------------------------------- a prompt twice in one step (issue 18 item 1)
+def test_prompt_twice_in_one_step_is_two_visits(tq_session, tmp_path_factory, tokenizer, script):
+    """6 prompts, B = 4, ``data.gen_batch_size=1`` (what ``sync_refill_failed_groups`` asks for): verl's
+    ``_fetch_one_gen_batch`` restarts the dataloader inside step 2, so one step holds a prompt twice.
+    The two groups are two visits (distinct uids), each scheduled, weighted and recorded by the binner."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "twice")
+    config = make_config(
+        work,
+        "gdro.prompt.enable=true",
+        "data.gen_batch_size=1",
+        "trainer.v1.sampler.sync_refill_failed_groups=true",
+        "data.seed=9",  # step 2 fetches [2, 3] then, after the epoch restart, [2, 3] again
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        steps=3,
+    )
+    with capture_tracking() as logged:
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    batches = {b["step"]: b for b in manager.batches}
+    repeated = [s for s, b in batches.items() if len(set(b["index"])) < len(b["index"])]
+    assert repeated, f"no step held a prompt twice: {[b['index'] for b in manager.batches]}"
+    shadow = shadow_controller(config)
+    replay_and_check({"trainer": trainer, "manager": manager}, script, [1, 2, 3], shadow, rollout=False, abs_adv=True)
+    assert_states_equal(trainer.gdro.state_dict(), shadow.state_dict(), approx_under=("state.metrics",))
+    # the binner recorded both visits: 12 visits over 3 steps
+    assert int(trainer.gdro.binner.visits_of(np.arange(len(ANSWERS))).sum()) == 12
+    for s in repeated:
+        assert logged[s]["gdro/recipe/repeated_prompts"] >= 1

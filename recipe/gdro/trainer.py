@@ -119,6 +119,7 @@ class _StepPlan:
     session_final_row: np.ndarray  # session -> batch row of its final turn
     session_uids: list[str]
     session_pid: np.ndarray
+    session_visit: np.ndarray  # fetch sequence number of each session's group (one visit of its prompt)
     acc: np.ndarray
     order: np.ndarray  # canonical (prompt id, session) feeding order of the sessions
     padding_rows: int
@@ -161,6 +162,10 @@ class GDROTrainerSync(PPOTrainerSync):
         self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        # uid -> fetch sequence number: a prompt fetched twice in one step (an epoch restart inside the
+        # step) is two visits, told apart and ordered by this number.
+        self._gdro_uid_visit: dict[str, int] = {}
+        self._gdro_fetches = 0
         self._gdro_pending: dict[str, float] = {}  # this step's schedule-side metrics
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
         self._gdro_time = 0.0
@@ -225,6 +230,7 @@ class GDROTrainerSync(PPOTrainerSync):
             [int(i) if i is not None else None for i in list(batch["index"])],
             num_prompts=self.gdro.binner.num_prompts,
             what="training batch extra_info.index",
+            check_unique=False,  # a prompt twice in a step is two visits (dataset ids were checked unique)
         )
         uids = [str(u) for u in list(batch["uid"])]
         counts = self.gdro.schedule(pids)
@@ -233,11 +239,13 @@ class GDROTrainerSync(PPOTrainerSync):
         # Forget prompts of earlier steps that never produced a trajectory (a failed group).
         stale = [u for u, (_, _, step) in self._gdro_uid_map.items() if step < self.global_steps]
         for u in stale:
-            del self._gdro_uid_map[u]
+            self._gdro_forget(u)
         for uid, pid, n in zip(uids, pids.tolist(), counts.tolist(), strict=True):
             if "_" in uid:
                 raise RuntimeError(f"uid {uid!r} contains '_', which breaks verl's trajectory keys")
             self._gdro_uid_map[uid] = (int(pid), int(n), int(self.global_steps))
+            self._gdro_uid_visit[uid] = self._gdro_fetches
+            self._gdro_fetches += 1
         p = self._gdro_pending
         p["gdro/recipe/prompts"] = p.get("gdro/recipe/prompts", 0.0) + float(len(pids))
         p["gdro/recipe/scheduled_rollouts"] = p.get("gdro/recipe/scheduled_rollouts", 0.0) + float(counts.sum())
@@ -248,6 +256,10 @@ class GDROTrainerSync(PPOTrainerSync):
         p["gdro/recipe/scheduled_n_max"] = float(max(p.get("gdro/recipe/scheduled_n_max", -math.inf), counts.max()))
         self._gdro_time += time.perf_counter() - start
         return batch
+
+    def _gdro_forget(self, uid: str) -> None:
+        self._gdro_uid_map.pop(uid, None)
+        self._gdro_uid_visit.pop(uid, None)
 
     def _gdro_plan(self, batch: KVBatchMeta) -> _StepPlan:
         """Sessions, prompt ids, outcomes and group-size check of one training batch (before verl's advantage).
@@ -278,6 +290,7 @@ class GDROTrainerSync(PPOTrainerSync):
                 f"(first uid {missing[0]!r}); a custom sampler or refill path bypassed _next_train_batch"
             )
         session_pid = np.array([self._gdro_uid_map[u][0] for u in session_uids], dtype=np.int64)
+        session_visit = np.array([self._gdro_uid_visit[u] for u in session_uids], dtype=np.int64)
         failed_sessions, failed_groups = self._check_group_sizes(session_uids)
 
         # 2. one TransferQueue read of extra_fields, for each session's final-turn acc.
@@ -301,10 +314,10 @@ class GDROTrainerSync(PPOTrainerSync):
         else:
             acc = np.array([np.nan if v is None else float(v) for v in acc_raw], dtype=np.float64)
 
-        # Canonical feeding order (prompt id, session): the controller's state does not depend on
+        # Canonical feeding order (prompt id, visit, session): the controller's state does not depend on
         # TransferQueue's key order, so a resumed run reproduces the uninterrupted one bit for bit.
         session_numbers = np.array([_session_number(sid) for _, sid in sessions])
-        order = np.lexsort((session_numbers, session_pid))
+        order = np.lexsort((session_numbers, session_visit, session_pid))
         # batch row -> session (-1 for padding rows, which keep verl's advantage)
         row_session = np.full(len(batch), -1, dtype=np.int64)
         row_session[np.asarray(rows, dtype=np.int64)] = np.asarray(session_of_row, dtype=np.int64)
@@ -314,6 +327,7 @@ class GDROTrainerSync(PPOTrainerSync):
             session_final_row=np.array([rows[local] for _, local in session_final], dtype=np.int64),
             session_uids=session_uids,
             session_pid=session_pid,
+            session_visit=session_visit,
             acc=acc,
             order=order,
             padding_rows=len(batch) - len(rows),
@@ -384,7 +398,12 @@ class GDROTrainerSync(PPOTrainerSync):
     def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
         """Feed the controller in canonical order; return the per-session multipliers (canonical order)."""
         o = plan.order
-        return self.gdro.observe(plan.session_pid[o], plan.acc[o], None if abs_adv is None else abs_adv[o])
+        return self.gdro.observe(
+            plan.session_pid[o],
+            plan.acc[o],
+            None if abs_adv is None else abs_adv[o],
+            response_visit_ids=plan.session_visit[o],
+        )
 
     def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
         """Inside verl's advantage computation: observe with |A|, scale each response's advantage row."""
@@ -408,17 +427,21 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time += time.perf_counter() - start
 
     def _gdro_finish_step(self, plan: _StepPlan, observed: np.ndarray, metrics: dict) -> None:
-        for u in dict.fromkeys(plan.session_uids):
-            self._gdro_uid_map.pop(u, None)
+        groups = dict.fromkeys(plan.session_uids)
+        repeated = len(groups) - len({self._gdro_uid_map[u][0] for u in groups})
+        for u in groups:
+            self._gdro_forget(u)
         step = int(self.global_steps)
         for u in [u for u, (_, _, s) in self._gdro_uid_map.items() if s == step]:
-            del self._gdro_uid_map[u]  # a group that never arrived (counted in failed_groups)
+            self._gdro_forget(u)  # a group that never arrived (counted in failed_groups)
         step_metrics = dict(self.gdro.metrics())
         step_metrics.update(self._gdro_pending)
         step_metrics["gdro/recipe/realised_rollouts"] = float(len(plan.session_uids))
         step_metrics["gdro/recipe/failed_sessions"] = float(plan.failed_sessions)
         step_metrics["gdro/recipe/failed_groups"] = float(plan.failed_groups)
         step_metrics["gdro/recipe/padding_rows"] = float(plan.padding_rows)
+        # groups whose prompt already has another group in this step (each is its own visit)
+        step_metrics["gdro/recipe/repeated_prompts"] = float(repeated)
         # canonical order: bit-stable across resumes
         step_metrics["gdro/recipe/multiplier_mean"] = float(np.mean(observed)) if len(observed) else 1.0
         step_metrics["gdro/recipe/driver_ms"] = 1000.0 * self._gdro_time
