@@ -138,6 +138,7 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
         (["data.train_batch_size=200"], 2, "data.train_batch_size=200 is not a multiple of"),
         (["trainer.v1.trainer_mode=separate_async"], 2, "trainer.v1.trainer_mode='separate_async' is not supported"),
         (["algorithm.filter_groups.enable=true"], 2, "algorithm.filter_groups.enable=true"),
+        (["+trainer.v1.sync.parameter_sync_step=2"], 2, "trainer.v1.sync.parameter_sync_step=2 is not supported"),
         (["actor_rollout_ref.rollout.name=???"], 2, "actor_rollout_ref.rollout: verl rejects it"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null"], 1, "verl config validation failed"),
         # the recipe always runs the v1 trainer: refused with the adversaries off too (issue 11, item 4)
