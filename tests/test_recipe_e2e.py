@@ -641,3 +641,37 @@ def test_prompt_twice_in_one_step_is_two_visits(tq_session, tmp_path_factory, to
     assert int(trainer.gdro.binner.visits_of(np.arange(len(ANSWERS))).sum()) == 12
     for s in repeated:
         assert logged[s]["gdro/recipe/repeated_prompts"] >= 1
+
+
+# ------------------------------------------------------------- singleton groups (issue 18 item 3)
+def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_path_factory, tokenizer):
+    """Sessions 1-3 of prompts 0-2 fail at step 1, so their groups hold one response each. verl's GRPO
+    gives such a group its raw ±1 reward as advantage; with an adversary on (here Prompt-GDRO, which
+    would weight it further) the recipe zeroes it, and ``gdro/recipe/singleton_groups`` counts the
+    groups. Observe-only leaves verl's advantages untouched and only counts them."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    failing = S.Script(SOLVE_RATES, fail={(i, s, 1) for i in range(3) for s in (1, 2, 3)})
+    for mode in (["gdro.prompt.enable=true"], []):
+        work = new_work(tmp_path_factory, "singleton")
+        config = make_config(work, *mode, "trainer.resume_mode=disable", "trainer.save_freq=-1", steps=2)
+        with capture_tracking() as logged:
+            trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, failing)
+        step1 = next(u for u in trainer.actor_rollout_wg.updates if u["step"] == 1)
+        rows = real_rows(step1)
+        sizes = Counter(r["uid"] for r in rows)
+        singles = {u for u, n in sizes.items() if n == 1}
+        expected = sum(1 for i in manager.batches[0]["index"] if i < 3)
+        assert len(singles) == expected >= 1, manager.batches[0]["index"]
+        assert logged[1]["gdro/recipe/singleton_groups"] == expected
+        assert logged[2]["gdro/recipe/singleton_groups"] == 0
+        grpo = S.grpo_reference(step1["rows"])
+        for r in rows:
+            if r["uid"] in singles:
+                assert abs(grpo[r["key"]]) == pytest.approx(1.0, abs=1e-5)  # what verl's GRPO gives it
+                if mode:
+                    assert float(r["advantage_tokens"].abs().sum()) == 0.0
+                else:
+                    assert r["advantage"] == pytest.approx(grpo[r["key"]], abs=1e-6)
+        others = [r for r in rows if r["uid"] not in singles and grpo[r["key"]] != 0]
+        assert others and all(r["advantage"] * grpo[r["key"]] > 0 for r in others)

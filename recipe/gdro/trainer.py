@@ -125,6 +125,7 @@ class _StepPlan:
     padding_rows: int
     failed_sessions: int
     failed_groups: int
+    session_singleton: np.ndarray  # session -> its group holds one response (the others failed)
 
 
 @contextmanager
@@ -292,6 +293,8 @@ class GDROTrainerSync(PPOTrainerSync):
         session_pid = np.array([self._gdro_uid_map[u][0] for u in session_uids], dtype=np.int64)
         session_visit = np.array([self._gdro_uid_visit[u] for u in session_uids], dtype=np.int64)
         failed_sessions, failed_groups = self._check_group_sizes(session_uids)
+        group_size = Counter(session_uids)
+        session_singleton = np.array([group_size[u] == 1 for u in session_uids], dtype=bool)
 
         # 2. one TransferQueue read of extra_fields, for each session's final-turn acc.
         final_keys = [keys[local] for _, local in session_final]
@@ -333,6 +336,7 @@ class GDROTrainerSync(PPOTrainerSync):
             padding_rows=len(batch) - len(rows),
             failed_sessions=failed_sessions,
             failed_groups=failed_groups,
+            session_singleton=session_singleton,
         )
 
     def _check_group_sizes(self, session_uids: list[str]) -> tuple[int, int]:
@@ -379,16 +383,18 @@ class GDROTrainerSync(PPOTrainerSync):
         plan = self._gdro_plan(batch)
         self._gdro_time += time.perf_counter() - start
         result: dict[str, np.ndarray] = {}
-        if self.gdro_config.prompt.enable:
+        zero_singletons = self.gdro_config.enabled and bool(plan.session_singleton.any())
+        if self.gdro_config.prompt.enable or zero_singletons:
             with _scaled_advantages(lambda data, keys: self._observe_and_scale(plan, data, keys, result)):
                 batch = super()._compute_advantage(batch, metrics)
-            if "multipliers" not in result:
+            if "adjusted" not in result:
                 raise RuntimeError(
                     "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
                     "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
                 )
         else:
             batch = super()._compute_advantage(batch, metrics)
+        if "multipliers" not in result:
             start = time.perf_counter()
             result["multipliers"] = self._gdro_observe(plan, None)
             self._gdro_time += time.perf_counter() - start
@@ -406,25 +412,41 @@ class GDROTrainerSync(PPOTrainerSync):
         )
 
     def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
-        """Inside verl's advantage computation: observe with |A|, scale each response's advantage row."""
+        """Inside verl's advantage computation: zero singleton groups, observe with |A| and scale each
+        response's advantage row by its Prompt-GDRO weight."""
         start = time.perf_counter()
         if list(batch_keys) != plan.keys:
             raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
         adv = data.batch["advantages"]
-        # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
-        # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
-        row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
-        abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
-        observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0))
-        per_session = np.empty(len(observed), dtype=np.float64)
-        per_session[plan.order] = observed
-        row_mult = np.ones(len(plan.keys), dtype=np.float64)
         real = plan.row_session >= 0
-        row_mult[real] = per_session[plan.row_session[real]]
+        row_mult = np.ones(len(plan.keys), dtype=np.float64)
+        row_mult[real] = self._singleton_factor(plan)[plan.row_session[real]]
+        if self.gdro_config.prompt.enable:
+            # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
+            # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
+            row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
+            abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
+            abs_adv = np.nan_to_num(abs_adv, nan=0.0) * self._singleton_factor(plan)
+            observed = self._gdro_observe(plan, abs_adv)
+            per_session = np.empty(len(observed), dtype=np.float64)
+            per_session[plan.order] = observed
+            row_mult[real] *= per_session[plan.row_session[real]]
+            result["multipliers"] = observed
         # A new tensor (not in place): verl's ``returns`` is the same tensor and stays GRPO's.
         data.batch["advantages"] = adv * torch.from_numpy(row_mult).to(adv.dtype).unsqueeze(-1)
-        result["multipliers"] = observed
+        result["adjusted"] = True
         self._gdro_time += time.perf_counter() - start
+
+    def _singleton_factor(self, plan: _StepPlan) -> np.ndarray:
+        """Per session: 0 if its group holds a single response (with an adversary on), else 1.
+
+        verl's GRPO gives a group of one mean 0 and std 1, so its advantage is the raw ±1 reward, not a
+        baseline-corrected one; Prompt-GDRO could multiply it further. A failed session at n_min = 2 leaves
+        such a group: its advantage is zeroed before weighting (counted in ``gdro/recipe/singleton_groups``).
+        """
+        if not self.gdro_config.enabled:
+            return np.ones(len(plan.session_singleton))
+        return np.where(plan.session_singleton, 0.0, 1.0)
 
     def _gdro_finish_step(self, plan: _StepPlan, observed: np.ndarray, metrics: dict) -> None:
         groups = dict.fromkeys(plan.session_uids)
@@ -439,6 +461,7 @@ class GDROTrainerSync(PPOTrainerSync):
         step_metrics["gdro/recipe/realised_rollouts"] = float(len(plan.session_uids))
         step_metrics["gdro/recipe/failed_sessions"] = float(plan.failed_sessions)
         step_metrics["gdro/recipe/failed_groups"] = float(plan.failed_groups)
+        step_metrics["gdro/recipe/singleton_groups"] = float(plan.session_singleton.sum())
         step_metrics["gdro/recipe/padding_rows"] = float(plan.padding_rows)
         # groups whose prompt already has another group in this step (each is its own visit)
         step_metrics["gdro/recipe/repeated_prompts"] = float(repeated)
