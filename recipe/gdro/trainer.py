@@ -64,6 +64,7 @@ from recipe.gdro.results.metrics_io import (
     rewind_metrics_jsonl,
     validation_pass_at_k,
 )
+from recipe.gdro.retention import enforce_retention, keep_limit
 from recipe.gdro.startup.checks import (
     GDRO_STATE_FILE,
     build_gdro_config,
@@ -521,6 +522,15 @@ class GDROTrainerSync(PPOTrainerSync):
             self.gdro.save(path)
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
+        self._enforce_checkpoint_retention(protect=[self.global_steps])
+
+    def _enforce_checkpoint_retention(self, protect: list[int]) -> list[str]:
+        """``trainer.max_actor_ckpt_to_keep`` over every ``global_step_K`` folder on disk (see
+        :mod:`recipe.gdro.retention`): verl's own limit forgets the checkpoints of earlier processes."""
+        root = self.config.trainer.default_local_dir
+        if not os.path.isabs(root):
+            root = os.path.join(os.getcwd(), root)
+        return enforce_retention(root, keep_limit(self.config.trainer), protect=protect)
 
     def _resume_folder(self) -> str | None:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None if none)."""
@@ -537,6 +547,10 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
+        if self.global_steps > 0:
+            resumed = os.path.basename(os.path.normpath(self._resume_folder() or ""))
+            protect = [int(resumed.rsplit("_", 1)[1])] if resumed.startswith("global_step_") else []
+            self._enforce_checkpoint_retention(protect=protect + [self.global_steps])
         if not self.gdro_enabled:
             return
         if self.global_steps == 0:
