@@ -185,26 +185,43 @@ def test_dry_run_shows_the_shipped_modules(capsys, data):
     line = next(x for x in out.splitlines() if x.startswith("ray_kwargs.ray_init.runtime_env.py_modules:"))
     assert f"{REPO}/recipe" in line and f"{REPO}/verl_ext" in line and f"{REPO}/data_prep" in line
     assert "transfer_queue.backend.SimpleStorage.num_data_storage_units: 8" in out
-    assert "needs >= 10 Ray CPUs" in out
+    assert "needs >= 10 Ray CPUs with the TaskRunner" in out
+    assert "verl's resource pool reserves {CPU: 3, GPU: 1} per GPU (24 CPUs)" in out and "needs >= 34 Ray CPUs" in out
     # the paper's 8B layout on one node: the KV-cache estimate of docs/cluster.md
     assert "kv cache     ~537k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
 
 
 # ----------------------------------------------------------------------------------- TransferQueue
 def test_transfer_queue_cpu_check():
-    config = compose_config([])
+    """verl's resource pool (3 CPUs per GPU) + TransferQueue (units + controller) + the TaskRunner."""
+    config = compose_config([])  # verl's defaults: 8 GPUs on 1 node, 8 storage units
     assert cluster.tq_storage_units(config) == 8  # verl 0.9.1's default
-    with pytest.raises(GDRORecipeError, match=r"units=8.*needs >= 10 Ray CPUs; this Ray cluster has 2"):
+    assert cluster.resource_pool_cpus(config) == 24
+    with pytest.raises(GDRORecipeError, match=r"needs >= 34 Ray CPUs; this Ray cluster has 2: verl's resource pool 24"):
         cluster.check_transfer_queue_cpus(config, 2)
-    cluster.check_transfer_queue_cpus(config, 10)
-    one = compose_config(["transfer_queue.backend.SimpleStorage.num_data_storage_units=1"])
-    cluster.check_transfer_queue_cpus(one, 2, runner_cpus=0)  # the CPU e2e test's layout: driver + 2-CPU Ray
-    with pytest.raises(GDRORecipeError, match="needs >= 3 Ray CPUs"):
-        cluster.check_transfer_queue_cpus(one, 2)  # inside run_ppo's TaskRunner actor
+    with pytest.raises(GDRORecipeError, match=r"needs >= 34 Ray CPUs; this Ray cluster has 10"):
+        cluster.check_transfer_queue_cpus(config, 10)  # enough for TransferQueue alone (the old, undercounting check)
+    cluster.check_transfer_queue_cpus(config, 34)
+    one = compose_config([f"{cluster.TQ_UNITS_KEY}=1", "trainer.n_gpus_per_node=1"])
+    cluster.check_transfer_queue_cpus(one, 5, runner_cpus=0)  # 3 + 1 unit + controller
+    with pytest.raises(GDRORecipeError, match="needs >= 6 Ray CPUs"):
+        cluster.check_transfer_queue_cpus(one, 5)  # inside run_ppo's TaskRunner actor
     with pytest.raises(GDRORecipeError, match="must be >= 1"):
         cluster.check_transfer_queue_cpus(compose_config([f"{cluster.TQ_UNITS_KEY}=0"]), 64)
-    other = compose_config(["transfer_queue.backend.storage_backend=MooncakeStore"])
-    cluster.check_transfer_queue_cpus(other, 1)  # not SimpleStorage: not ours to check
+    other = compose_config(["transfer_queue.backend.storage_backend=MooncakeStore", "trainer.n_gpus_per_node=1"])
+    cluster.check_transfer_queue_cpus(other, 4)  # not SimpleStorage: only the pool (3) and the runner (1)
+    with pytest.raises(GDRORecipeError, match="needs >= 4 Ray CPUs"):
+        cluster.check_transfer_queue_cpus(other, 3)
+
+
+def test_cpu_check_per_node_placement_groups():
+    """2 nodes x 8 GPUs: each node must hold one placement group of 8 bundles {CPU: 3, GPU: 1}."""
+    config = compose_config(["trainer.nnodes=2", f"{cluster.TQ_UNITS_KEY}=2"])
+    big = {"CPU": 32.0, "GPU": 8.0}
+    cluster.check_transfer_queue_cpus(config, 64, node_resources=[big, big])
+    small = {"CPU": 16.0, "GPU": 8.0}  # 8 GPUs but only 16 CPUs: the 24-CPU placement group never fits
+    with pytest.raises(GDRORecipeError, match=r"2 node\(s\) need >= 8 GPUs and >= 24 CPUs each; 1 of the Ray"):
+        cluster.check_transfer_queue_cpus(config, 64, node_resources=[big, small, {"CPU": 16.0}])
 
 
 def test_task_runner_refuses_before_tq_init(monkeypatch):
@@ -219,8 +236,8 @@ def test_task_runner_refuses_before_tq_init(monkeypatch):
     monkeypatch.setattr(tq, "close", lambda: calls.append("close"))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
     monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: object)
-    with pytest.raises(GDRORecipeError, match="needs >= 9 Ray CPUs; this Ray cluster has 4"):
-        TR.GDROTaskRunner().run(compose_config([]))  # 8 units + controller (driver-side: no runner CPU)
+    with pytest.raises(GDRORecipeError, match="needs >= 33 Ray CPUs; this Ray cluster has 4"):
+        TR.GDROTaskRunner().run(compose_config([]))  # 8 GPUs x 3 + 8 units + controller (driver: no runner CPU)
     assert calls == []
 
 

@@ -339,8 +339,6 @@ def test_unloadable_reward_function_is_refused(tmp_path):
 
 def test_project_reward_fn_reports_acc(tmp_path):
     path = Path(__file__).resolve().parents[1] / "data_prep" / "reward_fn.py"
-    if not path.exists():
-        pytest.skip("data_prep/reward_fn.py not present")
     result = probe(tmp_path, f"reward.custom_reward_function.path={path}")
     assert "acc" in result.results["math_dapo"]
 

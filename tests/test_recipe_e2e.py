@@ -453,6 +453,16 @@ def test_task_runner_runs_the_recipe_trainer(tq_session, tmp_path_factory, token
 
     monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: S.standin_trainer_cls(GDROTrainerSync, tokenizer))
     monkeypatch.setattr(TR.GDROTaskRunner, "init_agent_loop_manager", init_agent_loop_manager)
+    from recipe.gdro.startup import cluster
+
+    # The stand-in workers hold no placement group: count no resource-pool CPUs / GPUs for them.
+    real_check = cluster.check_transfer_queue_cpus
+    monkeypatch.setattr(cluster, "RESOURCE_POOL_CPUS_PER_GPU", 0)
+    monkeypatch.setattr(
+        cluster,
+        "check_transfer_queue_cpus",
+        lambda config, cpus, runner_cpus=1, **_: real_check(config, cpus, runner_cpus),
+    )
     monkeypatch.setattr(tq, "init", lambda conf=None: conf)  # keep the module's TransferQueue
     monkeypatch.setattr(tq, "close", lambda: None)
     (work / "ckpt").mkdir()

@@ -69,3 +69,57 @@ def test_retention_deletes_oldest_whole_folders_and_spares_the_protected(tmp_pat
     assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": None})) is None
     assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": 0})) is None
     assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": 5, "remove_previous_ckpt_in_save": True})) == 1
+
+
+# ------------------------------------------------------------------ item 14: no silent skips in CI
+SKIPPING_TESTS = """
+import pytest
+ray = pytest.importorskip("no_such_module_gdro")
+def test_never_runs():
+    pass
+"""
+ALLOWED_SKIP_TEST = """
+import pytest
+@pytest.mark.skipif(True, reason="a GPU is visible")
+def test_gpu_only():
+    pass
+def test_runs():
+    pass
+"""
+
+
+def _run_pytest(tmp_path, body: str, ci: str | None):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_sample.py").write_text(body)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    if ci is not None:
+        env["CI"] = ci
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_module_level_importorskip_fails_the_run_in_ci(tmp_path):
+    ci = _run_pytest(tmp_path, SKIPPING_TESTS, "true")
+    assert ci.returncode == 1, ci.stdout
+    assert "unexpected skips" in ci.stdout and "no_such_module_gdro" in ci.stdout
+    local = _run_pytest(tmp_path, SKIPPING_TESTS, None)
+    # outside CI a skip stays a skip (pytest's exit 5: every test of the run was skipped)
+    assert local.returncode == 5 and "unexpected skips" not in local.stdout, local.stdout
+
+
+def test_an_allowed_skip_passes_in_ci(tmp_path):
+    ci = _run_pytest(tmp_path, ALLOWED_SKIP_TEST, "true")
+    assert ci.returncode == 0, ci.stdout
+    assert "1 passed, 1 skipped" in ci.stdout

@@ -10,9 +10,10 @@ Everything here runs on the driver before (or instead of) training, and most of 
   ``data_prep`` to ``ray_kwargs.ray_init.runtime_env.py_modules``, which verl's ``run_ppo`` merges
   on top of its own runtime_env (``get_ppo_ray_runtime_env``) before ``ray.init``: Ray then ships
   the code to every worker on every node, so nodes without the checkout import it too;
-* :func:`check_transfer_queue_cpus` -- TransferQueue's SimpleStorage starts one 1-CPU Ray actor
-  per storage unit plus a 1-CPU controller, next to verl's 1-CPU TaskRunner; with fewer Ray CPUs
-  ``tq.init`` waits forever without an error, so this refuses it with the numbers;
+* :func:`check_transfer_queue_cpus` -- verl's resource pool reserves {CPU: 3, GPU: 1} per GPU, and
+  TransferQueue's SimpleStorage starts one 1-CPU Ray actor per storage unit plus a 1-CPU controller,
+  next to verl's 1-CPU TaskRunner; with fewer Ray CPUs ``tq.init`` (or the placement groups) waits
+  forever without an error, so this refuses it with the numbers;
 * :func:`check_group_sizes` -- the preflight's comparison of scheduled per-prompt rollout counts
   with what the engine returned (``python -m recipe.gdro.startup.preflight``).
 """
@@ -185,29 +186,80 @@ def tq_storage_units(config: DictConfig) -> Optional[int]:
     return int(units) if units is not None else None
 
 
+# verl 0.9.1's ResourcePoolManager (single_controller/ray/base.py) builds each GPU's placement-group
+# bundle as {CPU: max_colocate_count, GPU: 1} with max_colocate_count = 3 by default, one STRICT_PACK
+# placement group of n_gpus_per_node bundles per node.
+RESOURCE_POOL_CPUS_PER_GPU = 3
+
+
 def tq_cpus_needed(units: int, runner_cpus: float = RUNNER_CPUS) -> float:
-    """Ray CPUs a run needs before any worker exists: storage units + controller + the TaskRunner."""
+    """Ray CPUs TransferQueue and the TaskRunner need: storage units + controller + the TaskRunner."""
     return units + TQ_CONTROLLER_CPUS + runner_cpus
 
 
-def check_transfer_queue_cpus(config: DictConfig, cluster_cpus: float, runner_cpus: float = RUNNER_CPUS) -> None:
-    """Refuse a TransferQueue layout the Ray cluster cannot place (``tq.init`` would hang silently).
+def resource_pool_cpus(config: DictConfig) -> int:
+    """Ray CPUs verl's GPU resource pool reserves: 3 per GPU (``RESOURCE_POOL_CPUS_PER_GPU``)."""
+    return RESOURCE_POOL_CPUS_PER_GPU * int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
 
-    ``runner_cpus``: the CPUs the caller itself holds (1 inside verl's TaskRunner actor, 0 on a driver).
+
+def cluster_cpus_needed(config: DictConfig, runner_cpus: float = RUNNER_CPUS) -> float:
+    """Every Ray CPU a run reserves at start-up: verl's resource pool, TransferQueue, the TaskRunner."""
+    units = tq_storage_units(config)
+    tq_part = tq_cpus_needed(units, 0) if units is not None else 0
+    return resource_pool_cpus(config) + tq_part + runner_cpus
+
+
+def check_transfer_queue_cpus(
+    config: DictConfig,
+    cluster_cpus: float,
+    runner_cpus: float = RUNNER_CPUS,
+    node_resources: Optional[Sequence[Mapping[str, float]]] = None,
+) -> None:
+    """Refuse a layout the Ray cluster cannot place: ``tq.init`` would wait forever, verl's resource pool
+    would wait for its placement groups.
+
+    Counted: verl's resource pool ({CPU: 3, GPU: 1} per GPU), TransferQueue's SimpleStorage (one 1-CPU
+    actor per storage unit plus a 1-CPU controller) and ``runner_cpus``, the CPUs the caller itself
+    holds (1 inside verl's TaskRunner actor, 0 on a driver). With ``node_resources`` (each alive node's
+    Ray resources) at least ``trainer.nnodes`` nodes must each hold one node's placement group:
+    ``n_gpus_per_node`` GPUs and 3 CPUs per GPU.
     """
     units = tq_storage_units(config)
-    if units is None:
-        return
-    if units < 1:
+    if units is not None and units < 1:
         raise GDRORecipeError(f"{TQ_UNITS_KEY}={units} must be >= 1")
-    need = tq_cpus_needed(units, runner_cpus)
+    pool = resource_pool_cpus(config)
+    need = cluster_cpus_needed(config, runner_cpus)
+    n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     if cluster_cpus < need:
-        raise GDRORecipeError(
-            f"{TQ_UNITS_KEY}={units}: TransferQueue starts one 1-CPU Ray actor per storage unit plus a 1-CPU "
-            f"controller, next to verl's 1-CPU TaskRunner, so it needs >= {need:g} Ray CPUs; this Ray cluster has "
-            f"{cluster_cpus:g}, and tq.init would wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
-            f"TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+        tq_text = (
+            f"TransferQueue {tq_cpus_needed(units, 0):g} ({TQ_UNITS_KEY}={units}: one 1-CPU actor per storage unit "
+            "plus a 1-CPU controller), "
+            if units is not None
+            else ""
         )
+        raise GDRORecipeError(
+            f"this run needs >= {need:g} Ray CPUs; this Ray cluster has {cluster_cpus:g}: verl's resource pool "
+            f"{pool} ({{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU x {n_gpus} GPUs, "
+            f"trainer.n_gpus_per_node x trainer.nnodes), {tq_text}verl's TaskRunner {runner_cpus:g}. Without "
+            f"them tq.init or the placement groups wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
+            "TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+        )
+    if node_resources is not None:
+        per_node = int(config.trainer.n_gpus_per_node)
+        nnodes = int(config.trainer.nnodes)
+        fit = [
+            r
+            for r in node_resources
+            if r.get("GPU", 0) >= per_node and r.get("CPU", 0) >= RESOURCE_POOL_CPUS_PER_GPU * per_node
+        ]
+        if len(fit) < nnodes:
+            seen = "; ".join(f"CPU {r.get('CPU', 0):g}, GPU {r.get('GPU', 0):g}" for r in node_resources)
+            raise GDRORecipeError(
+                f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={per_node}: verl places one placement group "
+                f"of {per_node} bundles {{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} on each node, so "
+                f"{nnodes} node(s) need >= {per_node} GPUs and >= {RESOURCE_POOL_CPUS_PER_GPU * per_node} CPUs "
+                f"each; {len(fit)} of the Ray nodes do ({seen})"
+            )
 
 
 # --------------------------------------------------------------------------------------- group sizes
@@ -384,6 +436,8 @@ class ClusterPlan:
     tq_units: Optional[int]
     forwarded_env: Optional[dict] = None
     kv_line: str = ""
+    pool_cpus: Optional[int] = None
+    cpus_needed: float = 0.0
 
     def lines(self) -> list[str]:
         out = [f"attention    {ATTN_KEY.split('.', 1)[1]} = {self.attention.describe()}"]
@@ -407,7 +461,13 @@ class ClusterPlan:
         if self.tq_units is not None:
             out.append(
                 f"transferq    SimpleStorage with {self.tq_units} storage unit(s): needs >= "
-                f"{tq_cpus_needed(self.tq_units):g} Ray CPUs (checked when Ray is up)"
+                f"{tq_cpus_needed(self.tq_units):g} Ray CPUs with the TaskRunner"
+            )
+        if self.pool_cpus is not None:
+            out.append(
+                f"ray cpus     verl's resource pool reserves {{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU "
+                f"({self.pool_cpus} CPUs); with TransferQueue and the TaskRunner the run needs >= "
+                f"{self.cpus_needed:g} Ray CPUs (checked when Ray is up)"
             )
         return out
 
@@ -426,7 +486,16 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, s
             estimate = None
         if estimate is not None:
             kv_line = estimate.line(float(config.actor_rollout_ref.rollout.gpu_memory_utilization))
-    return ClusterPlan(attention, required, shipped, tq_storage_units(config), forwarded, kv_line)
+    return ClusterPlan(
+        attention,
+        required,
+        shipped,
+        tq_storage_units(config),
+        forwarded,
+        kv_line,
+        pool_cpus=resource_pool_cpus(config),
+        cpus_needed=cluster_cpus_needed(config),
+    )
 
 
 __all__ = [
@@ -444,6 +513,7 @@ __all__ = [
     "check_attention",
     "check_group_sizes",
     "check_transfer_queue_cpus",
+    "cluster_cpus_needed",
     "cluster_checks",
     "configured_attn_implementation",
     "forward_offline_env",
@@ -451,6 +521,7 @@ __all__ = [
     "model_shape",
     "package_dir",
     "ship_code_to_workers",
+    "resource_pool_cpus",
     "tq_cpus_needed",
     "tq_storage_units",
 ]

@@ -228,7 +228,8 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         try:
             attn = ATTN_MODULES.get(configured_attn_implementation(config))
             results = probe_nodes(config, [*PROBE_MODULES, *([attn] if attn else [])])
-            check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0))
+            nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+            check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0), node_resources=nodes)
             log(f"3/4 {len(results)} Ray node(s) import the recipe; TransferQueue CPUs OK", stdout)
         finally:
             ray.shutdown()
