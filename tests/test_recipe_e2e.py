@@ -385,6 +385,11 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
     assert observe["trainer"].gdro.binner.seen_fraction() > 0
     for step_metrics in observe["logged"].values():
         assert step_metrics["gdro/multiplier_max"] == step_metrics["gdro/multiplier_min"] == 1.0
+        # GRPO (observe-only) logs the per-prompt means too; with equal groups they equal verl's
+        assert step_metrics["gdro/per_prompt/score_mean"] == pytest.approx(step_metrics["critic/score/mean"])
+        assert step_metrics["gdro/per_prompt/response_length_mean"] == pytest.approx(
+            step_metrics["response_length/mean"]
+        )
         assert sum(v for k, v in step_metrics.items() if k.endswith("/data_share")) == pytest.approx(1.0)
 
 
@@ -717,3 +722,32 @@ def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory
     deleted = [r.getMessage() for r in caplog.records if "checkpoint retention" in r.getMessage()]
     assert len(deleted) == 2
     assert deleted[0].endswith("global_step_1") and deleted[1].endswith("global_step_2")
+
+
+# ---------------------------------------------------------- per-prompt-weighted metrics (item 8)
+def per_prompt_means(update: dict) -> tuple[float, float]:
+    """(score, response length) averaged within each group (uid), then over the groups."""
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for r in real_rows(update):
+        groups.setdefault(r["uid"], []).append((r["score"], len(r["mask"])))
+    score = np.mean([np.mean([s for s, _ in g]) for g in groups.values()])
+    length = np.mean([np.mean([n for _, n in g]) for g in groups.values()])
+    return float(score), float(length)
+
+
+def test_per_prompt_weighted_score_and_length_beside_verls(joint_run):
+    """Under Rollout-GDRO verl's critic/score/mean and response_length/mean weigh a prompt by its rollout
+    count; gdro/per_prompt/* average each group first. Both are logged and written to the metrics file."""
+    logged = joint_run["logged"]
+    records = {r["step"]: r for r in read_metrics_jsonl(joint_run["work"] / "ckpt" / "gdro_metrics.jsonl")}
+    differs = False
+    for update in joint_run["trainer"].actor_rollout_wg.updates:
+        step = update["step"]
+        score, length = per_prompt_means(update)
+        rows = real_rows(update)
+        assert logged[step]["critic/score/mean"] == pytest.approx(np.mean([r["score"] for r in rows]))
+        assert logged[step]["gdro/per_prompt/score_mean"] == pytest.approx(score)
+        assert logged[step]["gdro/per_prompt/response_length_mean"] == pytest.approx(length)
+        assert records[step]["gdro/per_prompt/score_mean"] == pytest.approx(score)
+        differs |= abs(score - logged[step]["critic/score/mean"]) > 1e-6
+    assert differs, "per-prompt and per-response score means never differed under Rollout-GDRO"

@@ -127,6 +127,7 @@ class _StepPlan:
     failed_sessions: int
     failed_groups: int
     session_singleton: np.ndarray  # session -> its group holds one response (the others failed)
+    row_response_len: np.ndarray  # batch row -> verl's ``response_len`` tag (NaN if absent)
 
 
 @contextmanager
@@ -338,6 +339,7 @@ class GDROTrainerSync(PPOTrainerSync):
             failed_sessions=failed_sessions,
             failed_groups=failed_groups,
             session_singleton=session_singleton,
+            row_response_len=np.array([float(t.get("response_len", np.nan)) for t in batch.tags], dtype=np.float64),
         )
 
     def _check_group_sizes(self, session_uids: list[str]) -> tuple[int, int]:
@@ -384,22 +386,21 @@ class GDROTrainerSync(PPOTrainerSync):
         plan = self._gdro_plan(batch)
         self._gdro_time += time.perf_counter() - start
         result: dict[str, np.ndarray] = {}
-        zero_singletons = self.gdro_config.enabled and bool(plan.session_singleton.any())
-        if self.gdro_config.prompt.enable or zero_singletons:
-            with _scaled_advantages(lambda data, keys: self._observe_and_scale(plan, data, keys, result)):
-                batch = super()._compute_advantage(batch, metrics)
-            if "adjusted" not in result:
-                raise RuntimeError(
-                    "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
-                    "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
-                )
-        else:
+        must_adjust = self.gdro_config.prompt.enable or (
+            self.gdro_config.enabled and bool(plan.session_singleton.any())
+        )
+        with _scaled_advantages(lambda data, keys: self._in_advantage_stage(plan, data, keys, result, must_adjust)):
             batch = super()._compute_advantage(batch, metrics)
+        if must_adjust and "adjusted" not in result:
+            raise RuntimeError(
+                "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
+                "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
+            )
         if "multipliers" not in result:
             start = time.perf_counter()
             result["multipliers"] = self._gdro_observe(plan, None)
             self._gdro_time += time.perf_counter() - start
-        self._gdro_finish_step(plan, result["multipliers"], metrics)
+        self._gdro_finish_step(plan, result["multipliers"], metrics, self._gdro_per_prompt_metrics(plan, result))
         return batch
 
     def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
@@ -411,6 +412,14 @@ class GDROTrainerSync(PPOTrainerSync):
             None if abs_adv is None else abs_adv[o],
             response_visit_ids=plan.session_visit[o],
         )
+
+    def _in_advantage_stage(self, plan: _StepPlan, data, batch_keys: list[str], result: dict, adjust: bool) -> None:
+        """The hook inside verl's advantage stage: read each row's score (for the per-prompt metrics), then,
+        if an adversary needs it, zero singleton groups and apply Prompt-GDRO's weights."""
+        if "token_level_scores" in data.batch.keys():
+            result["row_score"] = data.batch["token_level_scores"].sum(dim=-1).double().numpy()
+        if adjust:
+            self._observe_and_scale(plan, data, batch_keys, result)
 
     def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
         """Inside verl's advantage computation: zero singleton groups, observe with |A| and scale each
@@ -449,7 +458,31 @@ class GDROTrainerSync(PPOTrainerSync):
             return np.ones(len(plan.session_singleton))
         return np.where(plan.session_singleton, 0.0, 1.0)
 
-    def _gdro_finish_step(self, plan: _StepPlan, observed: np.ndarray, metrics: dict) -> None:
+    def _gdro_per_prompt_metrics(self, plan: _StepPlan, result: dict) -> dict[str, float]:
+        """verl's ``critic/score/mean`` and ``response_length/mean`` average over responses, so under
+        Rollout-GDRO a prompt with more rollouts counts more. These average each group (one visit of one
+        prompt) first, then the groups: comparable across methods with different per-prompt counts."""
+        rows = np.flatnonzero(plan.row_session >= 0)
+        if len(rows) == 0:
+            return {}
+        uids = np.asarray(plan.session_uids, dtype=object)[plan.row_session[rows]]
+        _, group = np.unique(uids.astype(str), return_inverse=True)
+        size = np.bincount(group)
+
+        def per_prompt_mean(values: np.ndarray) -> float:
+            return float(np.mean(np.bincount(group, weights=values) / size))
+
+        out = {}
+        if "row_score" in result:
+            out["gdro/per_prompt/score_mean"] = per_prompt_mean(result["row_score"][rows])
+        lengths = plan.row_response_len[rows]
+        if np.all(np.isfinite(lengths)):
+            out["gdro/per_prompt/response_length_mean"] = per_prompt_mean(lengths)
+        return out
+
+    def _gdro_finish_step(
+        self, plan: _StepPlan, observed: np.ndarray, metrics: dict, extra: dict[str, float] | None = None
+    ) -> None:
         groups = dict.fromkeys(plan.session_uids)
         repeated = len(groups) - len({self._gdro_uid_map[u][0] for u in groups})
         for u in groups:
@@ -469,6 +502,7 @@ class GDROTrainerSync(PPOTrainerSync):
         # canonical order: bit-stable across resumes
         step_metrics["gdro/recipe/multiplier_mean"] = float(np.mean(observed)) if len(observed) else 1.0
         step_metrics["gdro/recipe/driver_ms"] = 1000.0 * self._gdro_time
+        step_metrics.update(extra or {})
         self._gdro_pending = {}
         self._gdro_time = 0.0
         self._gdro_step_metrics = step_metrics
