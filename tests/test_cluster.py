@@ -188,7 +188,7 @@ def test_dry_run_shows_the_shipped_modules(capsys, data):
     assert "needs >= 10 Ray CPUs with the TaskRunner" in out
     assert "verl's resource pool reserves {CPU: 3, GPU: 1} per GPU (24 CPUs)" in out and "needs >= 34 Ray CPUs" in out
     # the paper's 8B layout on one node: the KV-cache estimate of docs/cluster.md
-    assert "kv cache     ~537k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
+    assert "kv cache     ~515k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
 
 
 # ----------------------------------------------------------------------------------- TransferQueue
@@ -315,17 +315,26 @@ def test_kv_cache_estimate_matches_the_documented_arithmetic():
     ] == [1.72, 4.02, 8.19]
     e = cluster.kv_cache_estimate(_paper("8B", 2, 0.6))
     assert e.bytes_per_token_per_gpu == 2 * 36 * 8 * 128 * 2 / 2  # 72 KiB
-    assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 3.0, abs=0.01)
-    assert e.tokens_per_replica == pytest.approx(537e3, rel=0.01)
+    # verl's server captures CUDA graphs (rollout.enforce_eager=false): 3 GiB + the assumed 1.5 GiB for graphs
+    assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 4.5, abs=0.01)
+    assert e.tokens_per_replica == pytest.approx(515e3, rel=0.01)
+    eager = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.rollout.enforce_eager=true"))
+    assert eager.tokens_per_replica == pytest.approx(537e3, rel=0.01) and "(eager)" in eager.line(0.6)
+    # max_model_len as verl's vLLM server sets it: rollout.max_model_len, else max_position_embeddings
+    assert e.max_model_len == 32768 and e.line(0.6).endswith("max_model_len 32768: one sequence fits")
+    capped = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.rollout.max_model_len=8192"))
+    assert capped.max_model_len == 8192
+    huge = cluster.kv_cache_estimate(_paper("8B", 1, 0.3, "actor_rollout_ref.rollout.max_model_len=400000"))
+    assert "vLLM refuses to start" in huge.line(0.3)
     assert (e.replicas, e.sequences_per_replica, e.worst_case_tokens_per_replica) == (4, 256, 256 * 7296)
     assert "vLLM queues what does not fit" in e.line(0.6)
-    assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(461e3, rel=0.01)
-    assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(298e3, rel=0.01)
+    assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(447e3, rel=0.01)
+    assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(288e3, rel=0.01)
     # short sequences fit
     small = cluster.kv_cache_estimate(
         _paper("8B", 2, 0.6, "data.max_prompt_length=512", "data.max_response_length=1024")
     )
-    assert small.line(0.6).endswith("fits")
+    assert "(4 replicas): fits; max_model_len" in small.line(0.6)
     # more memory, more cache
     assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6), gpu_gib=139.8).tokens_per_replica > 1e6
 

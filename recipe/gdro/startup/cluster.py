@@ -306,6 +306,7 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=True,
+        max_position_embeddings=32768,
     ),
     "Qwen/Qwen3-4B-Base": dict(
         hidden_size=2560,
@@ -316,6 +317,7 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=True,
+        max_position_embeddings=32768,
     ),
     "Qwen/Qwen3-8B-Base": dict(
         hidden_size=4096,
@@ -326,10 +328,14 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=False,
+        max_position_embeddings=32768,
     ),
 }
 ASSUMED_GPU_GIB = 79.2  # an "80 GB" A100 / H100 as torch reports it
-NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers (no CUDA graphs)
+NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers
+# Assumed (not measured) per GPU for the CUDA graphs verl's vLLM server captures (rollout.enforce_eager
+# defaults to false; cudagraph_mode FULL_AND_PIECEWISE in vllm_async_server.py), counted inside the budget.
+CUDA_GRAPH_GIB = 1.5
 GIB = 2**30
 
 
@@ -343,8 +349,10 @@ def model_shape(model_path: str) -> Optional[dict]:
             cfg = json.load(f)
         cfg = cfg.get("text_config", cfg)
         try:
-            return {k: cfg[k] for k in KNOWN_MODELS["Qwen/Qwen3-8B-Base"] if k not in ("head_dim",)} | {
-                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            keys = [k for k in KNOWN_MODELS["Qwen/Qwen3-8B-Base"] if k not in ("head_dim", "max_position_embeddings")]
+            return {k: cfg[k] for k in keys} | {
+                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+                "max_position_embeddings": cfg.get("max_position_embeddings"),
             }
         except KeyError:
             return None
@@ -370,31 +378,44 @@ class KVEstimate:
     replicas: int
     sequences_per_replica: float
     max_seq_len: int
+    overhead_gib: float = NON_KV_OVERHEAD_GIB
+    max_model_len: Optional[int] = None  # vLLM's, as verl's server sets it (None: unknown)
 
     @property
     def worst_case_tokens_per_replica(self) -> float:
         return self.sequences_per_replica * self.max_seq_len
 
     def line(self, gmu: float) -> str:
-        return (
+        graphs = "CUDA graphs assumed" if self.overhead_gib > NON_KV_OVERHEAD_GIB else "eager"
+        text = (
             f"kv cache     ~{self.tokens_per_replica / 1e3:.0f}k tokens per vLLM replica (estimate: {gmu} x "
-            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {NON_KV_OVERHEAD_GIB:g} GiB "
-            f"overhead, at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs {self.sequences_per_replica:g} "
-            f"sequences x {self.max_seq_len} tokens = {self.worst_case_tokens_per_replica / 1e6:.2f}M per replica "
-            f"if all ran to the limit ({self.replicas} replicas): "
+            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {self.overhead_gib:g} GiB "
+            f"overhead ({graphs}), at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs "
+            f"{self.sequences_per_replica:g} sequences x {self.max_seq_len} tokens = "
+            f"{self.worst_case_tokens_per_replica / 1e6:.2f}M per replica if all ran to the limit "
+            f"({self.replicas} replicas): "
             + (
                 "fits"
                 if self.tokens_per_replica >= self.worst_case_tokens_per_replica
                 else "vLLM queues what does not fit (docs/cluster.md)"
             )
         )
+        if self.max_model_len is not None:
+            text += f"; max_model_len {self.max_model_len}: " + (
+                "one sequence fits"
+                if self.tokens_per_replica >= self.max_model_len
+                else "vLLM refuses to start (the KV cache holds less than one max_model_len sequence); set "
+                "actor_rollout_ref.rollout.max_model_len"
+            )
+        return text
 
 
 def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Optional[KVEstimate]:
     """vLLM's KV-cache capacity per replica, and what a step would need if every sequence ran to the limit.
 
     tokens = (gpu_memory_utilization x GPU memory - bf16 weights / TP - overhead) / (KV bytes per token / TP),
-    KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes. None for an unknown model.
+    KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes; overhead is ``NON_KV_OVERHEAD_GIB``
+    plus the assumed ``CUDA_GRAPH_GIB`` unless ``rollout.enforce_eager``. None for an unknown model.
     """
     shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")))
     if shape is None:
@@ -405,14 +426,36 @@ def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Op
     gpu_gib = gpu_gib or ASSUMED_GPU_GIB
     per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2 / tp
     weights = approx_params(shape) * 2 / tp / GIB
-    kv_gib = gmu * gpu_gib - weights - NON_KV_OVERHEAD_GIB
+    # verl's server captures CUDA graphs unless rollout.enforce_eager (default false)
+    eager = bool(OmegaConf.select(config, "actor_rollout_ref.rollout.enforce_eager", default=False))
+    overhead = NON_KV_OVERHEAD_GIB + (0.0 if eager else CUDA_GRAPH_GIB)
+    kv_gib = gmu * gpu_gib - weights - overhead
     n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     replicas = max(n_gpus // tp, 1)
     rows = int(config.data.train_batch_size) * int(rollout.n)
     seq = int(rollout.prompt_length) + int(rollout.response_length)
     return KVEstimate(
-        max(kv_gib, 0) * GIB / per_token, per_token, weights, kv_gib, gpu_gib, replicas, rows / replicas, seq
+        max(kv_gib, 0) * GIB / per_token,
+        per_token,
+        weights,
+        kv_gib,
+        gpu_gib,
+        replicas,
+        rows / replicas,
+        seq,
+        overhead_gib=overhead,
+        max_model_len=vllm_max_model_len(config, shape),
     )
+
+
+def vllm_max_model_len(config: DictConfig, shape: Mapping[str, Any]) -> Optional[int]:
+    """vLLM's ``max_model_len`` as verl 0.9.1's server sets it (``vllm_async_server.py``, ``_validate_configs``):
+    ``actor_rollout_ref.rollout.max_model_len`` if set, else the model's ``max_position_embeddings``."""
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.max_model_len", default=None)
+    if value is not None:
+        return int(value)
+    mpe = shape.get("max_position_embeddings")
+    return int(mpe) if mpe else None
 
 
 def _local_gpu_gib() -> Optional[float]:
