@@ -276,7 +276,7 @@ def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
     config = compose_config(base)
     assert preflight.run_preflight(config) == 2
     out, err = capsys.readouterr()
-    assert "one prompt submitted twice with n = 2 and n = 12" in out
+    assert "two prompts through verl's agent loop with __rollout_n__ = 2 and 12" in out
     assert "1/4 start-up checks passed" in out
     assert "attn_implementation=flash_attention_2" in err  # the attention kernel first
 

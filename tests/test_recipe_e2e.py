@@ -751,3 +751,34 @@ def test_per_prompt_weighted_score_and_length_beside_verls(joint_run):
         assert records[step]["gdro/per_prompt/score_mean"] == pytest.approx(score)
         differs |= abs(score - logged[step]["critic/score/mean"]) > 1e-6
     assert differs, "per-prompt and per-response score means never differed under Rollout-GDRO"
+
+
+# ------------------------------------------------ the preflight's round through verl's agent loop (item 6)
+def test_preflight_round_counts_the_sessions_verl_puts_into_transfer_queue(
+    tq_session, tmp_path_factory, tokenizer, script
+):
+    """The preflight's GPU round (recipe.gdro.startup.preflight.agent_loop_round) on CPU: two prompts with
+    __rollout_n__ = 2 and 12 go through the trainer's own _submit_batch_to_rollout into verl's
+    AgentLoopWorkerTQ (stand-in LLM), and the sessions that reach TransferQueue are counted per prompt.
+    A worker ignoring __rollout_n__ (every prompt gets rollout.n = 4) makes the check fail: it can fail."""
+    from recipe.gdro.startup.preflight import agent_loop_round
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    for ignore, expect_ok in ((False, True), (True, False)):
+        work = new_work(tmp_path_factory, "preflight_round")
+        config = make_config(work, *JOINT, "gdro.rollout.n_max=12")
+        S.clear_transfer_queue()
+        manager = S.StandInAgentLoopManager(config, tokenizer, script, ignore_rollout_n=ignore)
+        try:
+            trainer = S.standin_trainer_cls(GDROTrainerSync, tokenizer)(config=config)
+            trainer.init()
+            trainer.agent_loop_manager = manager
+            report = agent_loop_round(trainer, [2, 12], timeout=120)
+        finally:
+            manager.close()
+        assert report.ok is expect_ok, report.describe()
+        assert report.scheduled == {"#0": 2, "#1": 12}
+        assert report.realised == ({"#0": 2, "#1": 12} if expect_ok else {"#0": 4, "#1": 4})
+        assert manager.batches[0]["rollout_n"] == [2, 12]
+        # the round leaves nothing behind in TransferQueue
+        assert not any((tq.kv_list() or {}).get("train", {}) or {})

@@ -123,3 +123,27 @@ def test_an_allowed_skip_passes_in_ci(tmp_path):
     ci = _run_pytest(tmp_path, ALLOWED_SKIP_TEST, "true")
     assert ci.returncode == 0, ci.stdout
     assert "1 passed, 1 skipped" in ci.stdout
+
+
+# ------------------------------------------------------------------ item 5: shared storage marker
+def test_shared_storage_marker_logic(tmp_path):
+    from recipe.gdro.startup.preflight import (
+        PreflightError,
+        check_shared_storage,
+        read_storage_marker,
+        write_storage_marker,
+    )
+
+    path, token = write_storage_marker(str(tmp_path / "ckpt"))
+    seen = read_storage_marker(path)
+    assert seen["content"] == token and seen["error"] == ""
+    check_shared_storage({"node-a": seen, "node-b": dict(seen)}, token, str(tmp_path))  # every node sees it
+    missing = read_storage_marker(str(tmp_path / "elsewhere" / "marker"))
+    assert missing["content"] is None and "FileNotFoundError" in missing["error"]
+    stale = {"host": "n3", "content": "an older token", "error": ""}
+    with pytest.raises(PreflightError) as err:
+        check_shared_storage({"node-a": seen, "node-bbbbbbbbbbbbbb": missing, "node-c": stale}, token, "/ckpt")
+    text = str(err.value)
+    assert "trainer.default_local_dir=/ckpt is not the same shared folder on every node" in text
+    assert "node node-bbbbbbb" in text and "FileNotFoundError" in text and "not the driver's token" in text
+    assert "node-a" not in text
