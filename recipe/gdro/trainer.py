@@ -10,18 +10,24 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     after verl fetches a step's prompts (and gives each a fresh ``uid``), asks the controller for
     each prompt's rollout count, writes it to the per-prompt ``__rollout_n__`` field that verl's
     ``AgentLoopWorkerTQ`` reads, and records ``uid -> (prompt id, count)`` on the driver.
-    Σ n = B · n̄ exactly, so ``_balance_batch`` adds no padding.
+    Σ n = B · n̄ exactly, so ``_balance_batch`` adds no padding. A prompt fetched twice in one step
+    (verl restarts the dataloader at an epoch boundary inside the step when ``data.gen_batch_size``
+    < ``train_batch_size``) is two visits: two uids, each scheduled, weighted and recorded.
 ``_compute_advantage``
     before verl's advantage stage, reads each response's ``acc`` (verl's ``reward_extra_info``; one
     TransferQueue get of ``extra_fields``), maps it to its prompt id through the uid map and checks
-    each prompt's realised group size against its scheduled count. With Prompt-GDRO on, verl's
-    GRPO advantage function is wrapped for the duration of the call, so the controller observes
-    the step (with |A| per response) and each response's advantage is multiplied by its weight
-    before verl's single TransferQueue put: the recipe adds no write. Otherwise the controller
-    observes after verl's stage. Padding rows (``is_padding``) are skipped.
+    each prompt's realised group size against its scheduled count. verl's GRPO advantage function
+    is wrapped for the duration of the call: the hook reads each row's score (for the
+    ``gdro/per_prompt/*`` metrics); with an adversary on, a group of one response gets advantage 0;
+    with Prompt-GDRO on, the controller observes the step (with |A| per response) and each
+    response's advantage is multiplied by its weight before verl's single TransferQueue put: the
+    recipe adds no write. Otherwise the controller observes after verl's stage. Padding rows
+    (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
+    ``trainer.max_actor_ckpt_to_keep`` is enforced over the ``global_step_K`` folders on disk, on
+    resume and after each save (:mod:`recipe.gdro.retention`).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -122,7 +128,7 @@ class _StepPlan:
     session_pid: np.ndarray
     session_visit: np.ndarray  # fetch sequence number of each session's group (one visit of its prompt)
     acc: np.ndarray
-    order: np.ndarray  # canonical (prompt id, session) feeding order of the sessions
+    order: np.ndarray  # canonical (prompt id, visit, session) feeding order of the sessions
     padding_rows: int
     failed_sessions: int
     failed_groups: int
@@ -373,12 +379,13 @@ class GDROTrainerSync(PPOTrainerSync):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it.
 
-        With Prompt-GDRO on, verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage
-        of each session's final output, broadcast over its tokens) is wrapped for the duration of this
-        call: right after it returns, the controller observes the step (with |A| per response) and each
-        response's advantage row is multiplied by its weight, A(x, i) × w(bin(x)) (paper, Eq. 6), before
-        verl writes the advantages to TransferQueue in its single put. The recipe adds no write; its one
-        extra read is ``extra_fields`` (for ``acc``).
+        verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage of each session's final
+        output, broadcast over its tokens) is wrapped for the duration of this call. Right after it
+        returns, the hook reads each row's score; with an adversary on, singleton groups get advantage 0;
+        with Prompt-GDRO on, the controller observes the step (with |A| per response) and each response's
+        advantage row is multiplied by its weight, A(x, i) × w(bin(x)) (paper, Eq. 6), before verl writes
+        the advantages to TransferQueue in its single put. The recipe adds no write; its one extra read is
+        ``extra_fields`` (for ``acc``).
         """
         if not self.gdro_enabled:
             return super()._compute_advantage(batch, metrics)
