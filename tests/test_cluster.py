@@ -185,26 +185,43 @@ def test_dry_run_shows_the_shipped_modules(capsys, data):
     line = next(x for x in out.splitlines() if x.startswith("ray_kwargs.ray_init.runtime_env.py_modules:"))
     assert f"{REPO}/recipe" in line and f"{REPO}/verl_ext" in line and f"{REPO}/data_prep" in line
     assert "transfer_queue.backend.SimpleStorage.num_data_storage_units: 8" in out
-    assert "needs >= 10 Ray CPUs" in out
+    assert "needs >= 10 Ray CPUs with the TaskRunner" in out
+    assert "verl's resource pool reserves {CPU: 3, GPU: 1} per GPU (24 CPUs)" in out and "needs >= 34 Ray CPUs" in out
     # the paper's 8B layout on one node: the KV-cache estimate of docs/cluster.md
-    assert "kv cache     ~537k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
+    assert "kv cache     ~515k tokens per vLLM replica" in out and "256 sequences x 7296 tokens" in out
 
 
 # ----------------------------------------------------------------------------------- TransferQueue
 def test_transfer_queue_cpu_check():
-    config = compose_config([])
+    """verl's resource pool (3 CPUs per GPU) + TransferQueue (units + controller) + the TaskRunner."""
+    config = compose_config([])  # verl's defaults: 8 GPUs on 1 node, 8 storage units
     assert cluster.tq_storage_units(config) == 8  # verl 0.9.1's default
-    with pytest.raises(GDRORecipeError, match=r"units=8.*needs >= 10 Ray CPUs; this Ray cluster has 2"):
+    assert cluster.resource_pool_cpus(config) == 24
+    with pytest.raises(GDRORecipeError, match=r"needs >= 34 Ray CPUs; this Ray cluster has 2: verl's resource pool 24"):
         cluster.check_transfer_queue_cpus(config, 2)
-    cluster.check_transfer_queue_cpus(config, 10)
-    one = compose_config(["transfer_queue.backend.SimpleStorage.num_data_storage_units=1"])
-    cluster.check_transfer_queue_cpus(one, 2, runner_cpus=0)  # the CPU e2e test's layout: driver + 2-CPU Ray
-    with pytest.raises(GDRORecipeError, match="needs >= 3 Ray CPUs"):
-        cluster.check_transfer_queue_cpus(one, 2)  # inside run_ppo's TaskRunner actor
+    with pytest.raises(GDRORecipeError, match=r"needs >= 34 Ray CPUs; this Ray cluster has 10"):
+        cluster.check_transfer_queue_cpus(config, 10)  # enough for TransferQueue alone (the old, undercounting check)
+    cluster.check_transfer_queue_cpus(config, 34)
+    one = compose_config([f"{cluster.TQ_UNITS_KEY}=1", "trainer.n_gpus_per_node=1"])
+    cluster.check_transfer_queue_cpus(one, 5, runner_cpus=0)  # 3 + 1 unit + controller
+    with pytest.raises(GDRORecipeError, match="needs >= 6 Ray CPUs"):
+        cluster.check_transfer_queue_cpus(one, 5)  # inside run_ppo's TaskRunner actor
     with pytest.raises(GDRORecipeError, match="must be >= 1"):
         cluster.check_transfer_queue_cpus(compose_config([f"{cluster.TQ_UNITS_KEY}=0"]), 64)
-    other = compose_config(["transfer_queue.backend.storage_backend=MooncakeStore"])
-    cluster.check_transfer_queue_cpus(other, 1)  # not SimpleStorage: not ours to check
+    other = compose_config(["transfer_queue.backend.storage_backend=MooncakeStore", "trainer.n_gpus_per_node=1"])
+    cluster.check_transfer_queue_cpus(other, 4)  # not SimpleStorage: only the pool (3) and the runner (1)
+    with pytest.raises(GDRORecipeError, match="needs >= 4 Ray CPUs"):
+        cluster.check_transfer_queue_cpus(other, 3)
+
+
+def test_cpu_check_per_node_placement_groups():
+    """2 nodes x 8 GPUs: each node must hold one placement group of 8 bundles {CPU: 3, GPU: 1}."""
+    config = compose_config(["trainer.nnodes=2", f"{cluster.TQ_UNITS_KEY}=2"])
+    big = {"CPU": 32.0, "GPU": 8.0}
+    cluster.check_transfer_queue_cpus(config, 64, node_resources=[big, big])
+    small = {"CPU": 16.0, "GPU": 8.0}  # 8 GPUs but only 16 CPUs: the 24-CPU placement group never fits
+    with pytest.raises(GDRORecipeError, match=r"2 node\(s\) need >= 8 GPUs and >= 24 CPUs each; 1 of the Ray"):
+        cluster.check_transfer_queue_cpus(config, 64, node_resources=[big, small, {"CPU": 16.0}])
 
 
 def test_task_runner_refuses_before_tq_init(monkeypatch):
@@ -219,8 +236,8 @@ def test_task_runner_refuses_before_tq_init(monkeypatch):
     monkeypatch.setattr(tq, "close", lambda: calls.append("close"))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
     monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: object)
-    with pytest.raises(GDRORecipeError, match="needs >= 9 Ray CPUs; this Ray cluster has 4"):
-        TR.GDROTaskRunner().run(compose_config([]))  # 8 units + controller (driver-side: no runner CPU)
+    with pytest.raises(GDRORecipeError, match="needs >= 33 Ray CPUs; this Ray cluster has 4"):
+        TR.GDROTaskRunner().run(compose_config([]))  # 8 GPUs x 3 + 8 units + controller (driver: no runner CPU)
     assert calls == []
 
 
@@ -259,7 +276,7 @@ def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
     config = compose_config(base)
     assert preflight.run_preflight(config) == 2
     out, err = capsys.readouterr()
-    assert "one prompt submitted twice with n = 2 and n = 12" in out
+    assert "two prompts through verl's agent loop with __rollout_n__ = 2 and 12" in out
     assert "1/4 start-up checks passed" in out
     assert "attn_implementation=flash_attention_2" in err  # the attention kernel first
 
@@ -298,17 +315,26 @@ def test_kv_cache_estimate_matches_the_documented_arithmetic():
     ] == [1.72, 4.02, 8.19]
     e = cluster.kv_cache_estimate(_paper("8B", 2, 0.6))
     assert e.bytes_per_token_per_gpu == 2 * 36 * 8 * 128 * 2 / 2  # 72 KiB
-    assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 3.0, abs=0.01)
-    assert e.tokens_per_replica == pytest.approx(537e3, rel=0.01)
+    # verl's server captures CUDA graphs (rollout.enforce_eager=false): 3 GiB + the assumed 1.5 GiB for graphs
+    assert e.kv_gib_per_gpu == pytest.approx(0.6 * 79.2 - 8.19e9 * 2 / 2 / 2**30 - 4.5, abs=0.01)
+    assert e.tokens_per_replica == pytest.approx(515e3, rel=0.01)
+    eager = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.rollout.enforce_eager=true"))
+    assert eager.tokens_per_replica == pytest.approx(537e3, rel=0.01) and "(eager)" in eager.line(0.6)
+    # max_model_len as verl's vLLM server sets it: rollout.max_model_len, else max_position_embeddings
+    assert e.max_model_len == 32768 and e.line(0.6).endswith("max_model_len 32768: one sequence fits")
+    capped = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.rollout.max_model_len=8192"))
+    assert capped.max_model_len == 8192
+    huge = cluster.kv_cache_estimate(_paper("8B", 1, 0.3, "actor_rollout_ref.rollout.max_model_len=400000"))
+    assert "vLLM refuses to start" in huge.line(0.3)
     assert (e.replicas, e.sequences_per_replica, e.worst_case_tokens_per_replica) == (4, 256, 256 * 7296)
     assert "vLLM queues what does not fit" in e.line(0.6)
-    assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(461e3, rel=0.01)
-    assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(298e3, rel=0.01)
+    assert cluster.kv_cache_estimate(_paper("1.7B", 1, 0.7)).tokens_per_replica == pytest.approx(447e3, rel=0.01)
+    assert cluster.kv_cache_estimate(_paper("4B", 1, 0.65)).tokens_per_replica == pytest.approx(288e3, rel=0.01)
     # short sequences fit
     small = cluster.kv_cache_estimate(
         _paper("8B", 2, 0.6, "data.max_prompt_length=512", "data.max_response_length=1024")
     )
-    assert small.line(0.6).endswith("fits")
+    assert "(4 replicas): fits; max_model_len" in small.line(0.6)
     # more memory, more cache
     assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6), gpu_gib=139.8).tokens_per_replica > 1e6
 

@@ -31,10 +31,13 @@ psutil = pytest.importorskip("psutil")
 
 from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
-from recipe.gdro.startup.preflight import PreflightError, probe_nodes  # noqa: E402
+from recipe.gdro.startup.preflight import PreflightError, probe_nodes, probe_shared_storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_BIN = Path(sys.executable).with_name("ray")
+# The `ray` script next to the interpreter, else the same CLI as a module (a venv that sees ray through
+# a shared site-packages has no script of its own).
+RAY_CMD = [str(RAY_BIN)] if RAY_BIN.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
 MODULES = ("recipe.gdro.trainer", "verl_ext", "data_prep.reward_fn")
 
 HIDE_SITECUSTOMIZE = """
@@ -44,7 +47,9 @@ sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "")
 _hidden = [p for p in os.environ.get("GDRO_HIDE_PATHS", "").split(os.pathsep) if p]
 def _hide(p):
     p = os.path.abspath(p or ".")
-    return not p.startswith(sys.prefix) and any(p == h or p.startswith(h + os.sep) for h in _hidden)
+    # site-packages stay: a venv may see its dependencies through another venv's (shared) site-packages
+    keep = p.startswith(sys.prefix) or os.sep + "site-packages" in p
+    return not keep and any(p == h or p.startswith(h + os.sep) for h in _hidden)
 sys.path[:] = [p for p in sys.path if not _hide(p)]
 """
 
@@ -96,7 +101,7 @@ def hidden_head(tmp_path):
     }
     head = subprocess.Popen(
         [
-            str(RAY_BIN),
+            *RAY_CMD,
             "start",
             "--head",
             "--block",
@@ -163,6 +168,12 @@ def test_workers_without_the_checkout_import_the_shipped_recipe(hidden_head, mon
     added = cluster.ship_code_to_workers(shipped, environ={})
     assert sorted(Path(p).name for p in added) == ["data_prep", "recipe", "verl_ext"]
     results = probe_nodes(shipped, MODULES, timeout=120)
+    # The preflight's storage check (issue 18 item 5) on the node: the marker the driver writes into
+    # trainer.default_local_dir is read back by a Ray task there (one machine: the folder is shared).
+    shipped.trainer.default_local_dir = str(tmp_path / "ckpt")
+    storage = probe_shared_storage(shipped, timeout=60)
+    assert list(storage) == list(results) and not storage[next(iter(storage))]["error"]
+    assert not list((tmp_path / "ckpt").iterdir()), "the marker was not removed"
     ray.shutdown()
     assert len(results) == 1
     (result,) = results.values()

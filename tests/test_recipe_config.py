@@ -155,6 +155,22 @@ def test_use_v1_false_is_refused_in_every_mode(mode):
         checks.check_supported_modes(config, checks.build_gdro_config(config))
 
 
+@pytest.mark.parametrize(
+    "mode",
+    [(), ("gdro.prompt.enable=true",), ("gdro.rollout.enable=true",)],
+    ids=["grpo_observe_only", "prompt_gdro", "rollout_gdro"],
+)
+def test_parameter_sync_step_above_one_is_refused_when_gdro_runs(mode):
+    """k > 1 makes verl call _compute_advantage k times per step on B/k groups (issue 18 item 2)."""
+    config = compose(*mode, "+trainer.v1.sync.parameter_sync_step=2")
+    with pytest.raises(GDRORecipeError, match=r"trainer\.v1\.sync\.parameter_sync_step=2 is not supported"):
+        checks.check_supported_modes(config, checks.build_gdro_config(config))
+    plain = compose("gdro.observe=false", "+trainer.v1.sync.parameter_sync_step=2")
+    checks.check_supported_modes(plain, checks.build_gdro_config(plain))  # plain verl: its business
+    one = compose(*mode, "+trainer.v1.sync.parameter_sync_step=1")
+    checks.check_supported_modes(one, checks.build_gdro_config(one))
+
+
 def test_prompt_only_allows_failed_group_refill():
     config = compose("gdro.prompt.enable=true", "trainer.v1.sampler.sync_refill_failed_groups=true")
     checks.check_supported_modes(config, checks.build_gdro_config(config))
@@ -323,8 +339,6 @@ def test_unloadable_reward_function_is_refused(tmp_path):
 
 def test_project_reward_fn_reports_acc(tmp_path):
     path = Path(__file__).resolve().parents[1] / "data_prep" / "reward_fn.py"
-    if not path.exists():
-        pytest.skip("data_prep/reward_fn.py not present")
     result = probe(tmp_path, f"reward.custom_reward_function.path={path}")
     assert "acc" in result.results["math_dapo"]
 

@@ -150,6 +150,7 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
             2,
             "required key(s) not set: actor_rollout_ref.actor.ppo_micro",
         ),
+        (["+trainer.v1.sync.parameter_sync_step=2"], 2, "trainer.v1.sync.parameter_sync_step=2 is not supported"),
         # the recipe always runs the v1 trainer: refused with the adversaries off too (issue 11, item 4)
         (["gdro.rollout.enable=false", "trainer.use_v1=false"], 2, "trainer.use_v1=false is not supported"),
         (

@@ -195,7 +195,9 @@ def replay_and_check(
         acc = np.array([script.correct(r["index"], r["session"], step) for r in rows])
         grpo = S.grpo_reference(update["rows"])
         mean_abs = np.abs([grpo[r["key"]] for r in rows]) if abs_adv else None
-        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs)
+        # each uid is one visit of its prompt (a prompt may have two groups in a step), in fetch order
+        visit = {uid: i for i, uid in enumerate(batch["uid"])}
+        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs, [visit[r["uid"]] for r in rows])
         for r, m in zip(rows, mult, strict=True):
             expected = grpo[r["key"]] * m
             assert r["advantage"] == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, r["index"], r["session"])
@@ -383,6 +385,11 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
     assert observe["trainer"].gdro.binner.seen_fraction() > 0
     for step_metrics in observe["logged"].values():
         assert step_metrics["gdro/multiplier_max"] == step_metrics["gdro/multiplier_min"] == 1.0
+        # GRPO (observe-only) logs the per-prompt means too; with equal groups they equal verl's
+        assert step_metrics["gdro/per_prompt/score_mean"] == pytest.approx(step_metrics["critic/score/mean"])
+        assert step_metrics["gdro/per_prompt/response_length_mean"] == pytest.approx(
+            step_metrics["response_length/mean"]
+        )
         assert sum(v for k, v in step_metrics.items() if k.endswith("/data_share")) == pytest.approx(1.0)
 
 
@@ -451,6 +458,16 @@ def test_task_runner_runs_the_recipe_trainer(tq_session, tmp_path_factory, token
 
     monkeypatch.setattr(TR, "select_trainer_cls", lambda cfg: S.standin_trainer_cls(GDROTrainerSync, tokenizer))
     monkeypatch.setattr(TR.GDROTaskRunner, "init_agent_loop_manager", init_agent_loop_manager)
+    from recipe.gdro.startup import cluster
+
+    # The stand-in workers hold no placement group: count no resource-pool CPUs / GPUs for them.
+    real_check = cluster.check_transfer_queue_cpus
+    monkeypatch.setattr(cluster, "RESOURCE_POOL_CPUS_PER_GPU", 0)
+    monkeypatch.setattr(
+        cluster,
+        "check_transfer_queue_cpus",
+        lambda config, cpus, runner_cpus=1, **_: real_check(config, cpus, runner_cpus),
+    )
     monkeypatch.setattr(tq, "init", lambda conf=None: conf)  # keep the module's TransferQueue
     monkeypatch.setattr(tq, "close", lambda: None)
     (work / "ckpt").mkdir()
@@ -607,3 +624,161 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     assert rows[0].step == 2 and rows[0].k == 2 and rows[0].pass_source == "exact"
     assert rows[0].columns["MATH500"] == 1.0 and rows[0].columns["Minerva"] == 1.0
     assert rows[0].columns["AIME"] == pytest.approx((0.0 + records[1]["val-core/aime2025/acc/mean@2"]) / 2)
+
+
+# ------------------------------------------------- a prompt twice in one step (issue 18 item 1)
+def test_prompt_twice_in_one_step_is_two_visits(tq_session, tmp_path_factory, tokenizer, script):
+    """6 prompts, B = 4, ``data.gen_batch_size=1`` (what ``sync_refill_failed_groups`` asks for): verl's
+    ``_fetch_one_gen_batch`` restarts the dataloader inside step 2, so one step holds a prompt twice.
+    The two groups are two visits (distinct uids), each scheduled, weighted and recorded by the binner."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "twice")
+    config = make_config(
+        work,
+        "gdro.prompt.enable=true",
+        "data.gen_batch_size=1",
+        "trainer.v1.sampler.sync_refill_failed_groups=true",
+        "data.seed=9",  # step 2 fetches [2, 3] then, after the epoch restart, [2, 3] again
+        "trainer.resume_mode=disable",
+        "trainer.save_freq=-1",
+        steps=3,
+    )
+    with capture_tracking() as logged:
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    batches = {b["step"]: b for b in manager.batches}
+    repeated = [s for s, b in batches.items() if len(set(b["index"])) < len(b["index"])]
+    assert repeated, f"no step held a prompt twice: {[b['index'] for b in manager.batches]}"
+    shadow = shadow_controller(config)
+    replay_and_check({"trainer": trainer, "manager": manager}, script, [1, 2, 3], shadow, rollout=False, abs_adv=True)
+    assert_states_equal(trainer.gdro.state_dict(), shadow.state_dict(), approx_under=("state.metrics",))
+    # the binner recorded both visits: 12 visits over 3 steps
+    assert int(trainer.gdro.binner.visits_of(np.arange(len(ANSWERS))).sum()) == 12
+    for s in repeated:
+        assert logged[s]["gdro/recipe/repeated_prompts"] >= 1
+
+
+# ------------------------------------------------------------- singleton groups (issue 18 item 3)
+def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_path_factory, tokenizer):
+    """Sessions 1-3 of prompts 0-2 fail at step 1, so their groups hold one response each. verl's GRPO
+    gives such a group its raw ±1 reward as advantage; with an adversary on (here Prompt-GDRO, which
+    would weight it further) the recipe zeroes it, and ``gdro/recipe/singleton_groups`` counts the
+    groups. Observe-only leaves verl's advantages untouched and only counts them."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    failing = S.Script(SOLVE_RATES, fail={(i, s, 1) for i in range(3) for s in (1, 2, 3)})
+    for mode in (["gdro.prompt.enable=true"], []):
+        work = new_work(tmp_path_factory, "singleton")
+        config = make_config(work, *mode, "trainer.resume_mode=disable", "trainer.save_freq=-1", steps=2)
+        with capture_tracking() as logged:
+            trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, failing)
+        step1 = next(u for u in trainer.actor_rollout_wg.updates if u["step"] == 1)
+        rows = real_rows(step1)
+        sizes = Counter(r["uid"] for r in rows)
+        singles = {u for u, n in sizes.items() if n == 1}
+        expected = sum(1 for i in manager.batches[0]["index"] if i < 3)
+        assert len(singles) == expected >= 1, manager.batches[0]["index"]
+        assert logged[1]["gdro/recipe/singleton_groups"] == expected
+        assert logged[2]["gdro/recipe/singleton_groups"] == 0
+        grpo = S.grpo_reference(step1["rows"])
+        for r in rows:
+            if r["uid"] in singles:
+                assert abs(grpo[r["key"]]) == pytest.approx(1.0, abs=1e-5)  # what verl's GRPO gives it
+                if mode:
+                    assert float(r["advantage_tokens"].abs().sum()) == 0.0
+                else:
+                    assert r["advantage"] == pytest.approx(grpo[r["key"]], abs=1e-6)
+        others = [r for r in rows if r["uid"] not in singles and grpo[r["key"]] != 0]
+        assert others and all(r["advantage"] * grpo[r["key"]] > 0 for r in others)
+
+
+# ---------------------------------------------------- checkpoint retention across restarts (item 4)
+def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory, tokenizer, script, caplog):
+    """An experiment folder left by earlier processes holds global_step_1..3 (verl's in-memory retention
+    list forgot them). Resuming from step 3 with max_actor_ckpt_to_keep=2 deletes global_step_1 (oldest
+    first, whole folder, GDRO state included); saving step 4 then deletes global_step_2. The folder
+    resumed from is never deleted, and each deletion is logged."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    work = new_work(tmp_path_factory, "retention")
+    ckpt = work / "ckpt"
+    shutil.copytree(joint_run["work"] / "ckpt", ckpt)
+    shutil.copytree(ckpt / "global_step_2", ckpt / "global_step_1")  # an older process's checkpoint
+    assert (ckpt / "global_step_1" / "gdro_state.pkl").exists()
+    extra = [o for o in JOINT if not o.startswith(("trainer.resume_mode", "trainer.save_freq"))]
+    config = make_config(
+        work,
+        *extra,
+        "trainer.resume_mode=auto",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=2",
+        steps=4,
+    )
+    with caplog.at_level("WARNING"):
+        trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    assert [b["step"] for b in manager.batches] == [4]
+    assert any(p.endswith("global_step_3/actor") for p in trainer.actor_rollout_wg.loaded)
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_3", "global_step_4"]
+    deleted = [r.getMessage() for r in caplog.records if "checkpoint retention" in r.getMessage()]
+    assert len(deleted) == 2
+    assert deleted[0].endswith("global_step_1") and deleted[1].endswith("global_step_2")
+
+
+# ---------------------------------------------------------- per-prompt-weighted metrics (item 8)
+def per_prompt_means(update: dict) -> tuple[float, float]:
+    """(score, response length) averaged within each group (uid), then over the groups."""
+    groups: dict[str, list[tuple[float, int]]] = {}
+    for r in real_rows(update):
+        groups.setdefault(r["uid"], []).append((r["score"], len(r["mask"])))
+    score = np.mean([np.mean([s for s, _ in g]) for g in groups.values()])
+    length = np.mean([np.mean([n for _, n in g]) for g in groups.values()])
+    return float(score), float(length)
+
+
+def test_per_prompt_weighted_score_and_length_beside_verls(joint_run):
+    """Under Rollout-GDRO verl's critic/score/mean and response_length/mean weigh a prompt by its rollout
+    count; gdro/per_prompt/* average each group first. Both are logged and written to the metrics file."""
+    logged = joint_run["logged"]
+    records = {r["step"]: r for r in read_metrics_jsonl(joint_run["work"] / "ckpt" / "gdro_metrics.jsonl")}
+    differs = False
+    for update in joint_run["trainer"].actor_rollout_wg.updates:
+        step = update["step"]
+        score, length = per_prompt_means(update)
+        rows = real_rows(update)
+        assert logged[step]["critic/score/mean"] == pytest.approx(np.mean([r["score"] for r in rows]))
+        assert logged[step]["gdro/per_prompt/score_mean"] == pytest.approx(score)
+        assert logged[step]["gdro/per_prompt/response_length_mean"] == pytest.approx(length)
+        assert records[step]["gdro/per_prompt/score_mean"] == pytest.approx(score)
+        differs |= abs(score - logged[step]["critic/score/mean"]) > 1e-6
+    assert differs, "per-prompt and per-response score means never differed under Rollout-GDRO"
+
+
+# ------------------------------------------------ the preflight's round through verl's agent loop (item 6)
+def test_preflight_round_counts_the_sessions_verl_puts_into_transfer_queue(
+    tq_session, tmp_path_factory, tokenizer, script
+):
+    """The preflight's GPU round (recipe.gdro.startup.preflight.agent_loop_round) on CPU: two prompts with
+    __rollout_n__ = 2 and 12 go through the trainer's own _submit_batch_to_rollout into verl's
+    AgentLoopWorkerTQ (stand-in LLM), and the sessions that reach TransferQueue are counted per prompt.
+    A worker ignoring __rollout_n__ (every prompt gets rollout.n = 4) makes the check fail: it can fail."""
+    from recipe.gdro.startup.preflight import agent_loop_round
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    for ignore, expect_ok in ((False, True), (True, False)):
+        work = new_work(tmp_path_factory, "preflight_round")
+        config = make_config(work, *JOINT, "gdro.rollout.n_max=12")
+        S.clear_transfer_queue()
+        manager = S.StandInAgentLoopManager(config, tokenizer, script, ignore_rollout_n=ignore)
+        try:
+            trainer = S.standin_trainer_cls(GDROTrainerSync, tokenizer)(config=config)
+            trainer.init()
+            trainer.agent_loop_manager = manager
+            report = agent_loop_round(trainer, [2, 12], timeout=120)
+        finally:
+            manager.close()
+        assert report.ok is expect_ok, report.describe()
+        assert report.scheduled == {"#0": 2, "#1": 12}
+        assert report.realised == ({"#0": 2, "#1": 12} if expect_ok else {"#0": 4, "#1": 4})
+        assert manager.batches[0]["rollout_n"] == [2, 12]
+        # the round leaves nothing behind in TransferQueue
+        assert not any((tq.kv_list() or {}).get("train", {}) or {})

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from verl_ext.atomic import atomic_replace
-from verl_ext.binner import OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
+from verl_ext.binner import BinnerUpdate, OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
 from verl_ext.config import GDROConfig, gdro_config_to_dict
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
 from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality
@@ -67,8 +67,14 @@ class GDROController:
 
     # ------------------------------------------------------------------ step
     def schedule(self, prompt_ids: Any) -> np.ndarray:
-        """Rollout count per prompt for the next generation; Σ = len(prompt_ids) · n̄ exactly."""
-        ids = check_prompt_ids(prompt_ids, num_prompts=self.binner.num_prompts, what="batch prompt ids")
+        """Rollout count per prompt for the next generation; Σ = len(prompt_ids) · n̄ exactly.
+
+        A prompt may appear twice (verl's dataloader restarts its epoch inside a step when
+        ``data.gen_batch_size`` < ``train_batch_size``): each occurrence is its own visit and gets its own count.
+        """
+        ids = check_prompt_ids(
+            prompt_ids, num_prompts=self.binner.num_prompts, what="batch prompt ids", check_unique=False
+        )
         groups = self.binner.groups_of(ids)
         rc = self.config.rollout
         window_correct, window_rollouts = self.binner.window_sums(ids)
@@ -91,6 +97,7 @@ class GDROController:
         response_prompt_ids: Any,
         response_correct: Any,
         response_abs_advantage: Any | None = None,
+        response_visit_ids: Any | None = None,
     ) -> np.ndarray:
         """Record one step's outcomes; return the per-response advantage multipliers.
 
@@ -101,6 +108,11 @@ class GDROController:
             response_abs_advantage: |A| per response (GRPO's per-response scalar). Needed by
                 ``prompt.normalize=advantage_mass`` and ``loss_signal=mean_abs_advantage`` when
                 Prompt-GDRO is on; always used for ``gdro/prompt/advantage_mass_ratio``.
+            response_visit_ids: an integer per response naming its group (one visit of one prompt). Needed
+                only when a prompt has two groups in the step (two visits, e.g. after an epoch restart inside
+                the step); by default the responses of one prompt id form one group. Each visit is one
+                observation for the adversaries, and the binner records the visits of one prompt in
+                increasing visit id.
         """
         cfg = self.config
         if response_abs_advantage is None and cfg.prompt.enable:
@@ -111,8 +123,22 @@ class GDROController:
                 if needs:
                     raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
         pid = np.asarray(response_prompt_ids, dtype=np.int64)
-        ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
-        # Range check before any state changes (ids come from np.unique: already distinct).
+        if response_visit_ids is None:
+            ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
+            visits = ids
+        else:
+            visit = np.asarray(response_visit_ids, dtype=np.int64)
+            if visit.shape != pid.shape:
+                raise ValueError(f"observe: {visit.shape[0]} visit ids for {pid.shape[0]} responses")
+            visits, correct, rollouts, nonfinite, inverse = aggregate_responses(
+                visit, response_correct, return_inverse=True
+            )
+            ids = np.empty(len(visits), dtype=np.int64)
+            ids[inverse] = pid
+            if np.any(ids[inverse] != pid):
+                row = int(np.argmax(ids[inverse] != pid))
+                raise ValueError(f"observe: visit {int(visit[row])} holds responses of more than one prompt id")
+        # Range check before any state changes.
         check_prompt_ids(ids, num_prompts=self.binner.num_prompts, what="response prompt ids", check_unique=False)
         groups = self.binner.groups_of(ids)  # bins before this visit = the bins it was scheduled in
 
@@ -135,12 +161,32 @@ class GDROController:
         else:
             multipliers = np.ones(len(pid))
         self.rollout.observe(groups, correct, rollouts, update_allocator=cfg.rollout.enable)
-        update = self.binner.update(ids, correct, rollouts, num_nonfinite=nonfinite)
+        update = self._record_visits(ids, visits, correct, rollouts, nonfinite)
 
         self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update, abs_adv)
         self._schedule_metrics = {}
         self.step += 1
         return multipliers
+
+    def _record_visits(self, ids, visits, correct, rollouts, nonfinite) -> BinnerUpdate:
+        """Record every visit in the binner. The binner takes one visit per prompt per update, so a prompt
+        visited twice in the step is recorded in rounds (its visits in increasing visit id)."""
+        if len(np.unique(ids)) == len(ids):
+            return self.binner.update(ids, correct, rollouts, num_nonfinite=nonfinite)
+        order = np.lexsort((visits, ids))
+        sorted_ids = ids[order]
+        start = np.r_[True, sorted_ids[1:] != sorted_ids[:-1]]
+        first = np.maximum.accumulate(np.where(start, np.arange(len(ids)), 0))
+        rank = np.empty(len(ids), dtype=np.int64)
+        rank[order] = np.arange(len(ids)) - first  # 0 for a prompt's first visit, 1 for its second, ...
+        accuracy = np.empty(len(ids), dtype=np.float64)
+        moved = 0
+        for r in range(int(rank.max()) + 1):
+            sel = np.flatnonzero(rank == r)
+            part = self.binner.update(ids[sel], correct[sel], rollouts[sel], num_nonfinite=nonfinite if r == 0 else 0)
+            accuracy[sel] = part.batch_accuracy
+            moved += part.num_moved
+        return BinnerUpdate(batch_accuracy=accuracy, num_nonfinite=int(nonfinite), num_moved=moved)
 
     # ------------------------------------------------------------------ metrics
     def _step_metrics(

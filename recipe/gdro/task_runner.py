@@ -78,12 +78,15 @@ class GDROTaskRunner:
         OmegaConf.resolve(config)
         self.config = config
 
-        # TransferQueue places one 1-CPU actor per storage unit: refuse a layout this Ray cluster cannot
-        # place, rather than letting tq.init wait forever (recipe.gdro.startup.cluster.check_transfer_queue_cpus).
+        # TransferQueue places one 1-CPU actor per storage unit and verl's resource pool 3 CPUs per GPU: refuse
+        # a layout this Ray cluster cannot place, rather than waiting forever (cluster.check_transfer_queue_cpus).
         from recipe.gdro.startup.cluster import check_transfer_queue_cpus
 
         in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
-        check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0)
+        nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else None
+        check_transfer_queue_cpus(
+            config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0, node_resources=nodes
+        )
         tq.init(config.transfer_queue)
         succeeded = False
         try:

@@ -10,18 +10,24 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     after verl fetches a step's prompts (and gives each a fresh ``uid``), asks the controller for
     each prompt's rollout count, writes it to the per-prompt ``__rollout_n__`` field that verl's
     ``AgentLoopWorkerTQ`` reads, and records ``uid -> (prompt id, count)`` on the driver.
-    Σ n = B · n̄ exactly, so ``_balance_batch`` adds no padding.
+    Σ n = B · n̄ exactly, so ``_balance_batch`` adds no padding. A prompt fetched twice in one step
+    (verl restarts the dataloader at an epoch boundary inside the step when ``data.gen_batch_size``
+    < ``train_batch_size``) is two visits: two uids, each scheduled, weighted and recorded.
 ``_compute_advantage``
     before verl's advantage stage, reads each response's ``acc`` (verl's ``reward_extra_info``; one
     TransferQueue get of ``extra_fields``), maps it to its prompt id through the uid map and checks
-    each prompt's realised group size against its scheduled count. With Prompt-GDRO on, verl's
-    GRPO advantage function is wrapped for the duration of the call, so the controller observes
-    the step (with |A| per response) and each response's advantage is multiplied by its weight
-    before verl's single TransferQueue put: the recipe adds no write. Otherwise the controller
-    observes after verl's stage. Padding rows (``is_padding``) are skipped.
+    each prompt's realised group size against its scheduled count. verl's GRPO advantage function
+    is wrapped for the duration of the call: the hook reads each row's score (for the
+    ``gdro/per_prompt/*`` metrics); with an adversary on, a group of one response gets advantage 0;
+    with Prompt-GDRO on, the controller observes the step (with |A| per response) and each
+    response's advantage is multiplied by its weight before verl's single TransferQueue put: the
+    recipe adds no write. Otherwise the controller observes after verl's stage. Padding rows
+    (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
+    ``trainer.max_actor_ckpt_to_keep`` is enforced over the ``global_step_K`` folders on disk, on
+    resume and after each save (:mod:`recipe.gdro.retention`).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -64,6 +70,7 @@ from recipe.gdro.results.metrics_io import (
     rewind_metrics_jsonl,
     validation_pass_at_k,
 )
+from recipe.gdro.retention import enforce_retention, keep_limit
 from recipe.gdro.startup.checks import (
     GDRO_STATE_FILE,
     build_gdro_config,
@@ -119,11 +126,14 @@ class _StepPlan:
     session_final_row: np.ndarray  # session -> batch row of its final turn
     session_uids: list[str]
     session_pid: np.ndarray
+    session_visit: np.ndarray  # fetch sequence number of each session's group (one visit of its prompt)
     acc: np.ndarray
-    order: np.ndarray  # canonical (prompt id, session) feeding order of the sessions
+    order: np.ndarray  # canonical (prompt id, visit, session) feeding order of the sessions
     padding_rows: int
     failed_sessions: int
     failed_groups: int
+    session_singleton: np.ndarray  # session -> its group holds one response (the others failed)
+    row_response_len: np.ndarray  # batch row -> verl's ``response_len`` tag (NaN if absent)
 
 
 @contextmanager
@@ -161,6 +171,10 @@ class GDROTrainerSync(PPOTrainerSync):
         self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
+        # uid -> fetch sequence number: a prompt fetched twice in one step (an epoch restart inside the
+        # step) is two visits, told apart and ordered by this number.
+        self._gdro_uid_visit: dict[str, int] = {}
+        self._gdro_fetches = 0
         self._gdro_pending: dict[str, float] = {}  # this step's schedule-side metrics
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
         self._gdro_time = 0.0
@@ -225,6 +239,7 @@ class GDROTrainerSync(PPOTrainerSync):
             [int(i) if i is not None else None for i in list(batch["index"])],
             num_prompts=self.gdro.binner.num_prompts,
             what="training batch extra_info.index",
+            check_unique=False,  # a prompt twice in a step is two visits (dataset ids were checked unique)
         )
         uids = [str(u) for u in list(batch["uid"])]
         counts = self.gdro.schedule(pids)
@@ -233,11 +248,13 @@ class GDROTrainerSync(PPOTrainerSync):
         # Forget prompts of earlier steps that never produced a trajectory (a failed group).
         stale = [u for u, (_, _, step) in self._gdro_uid_map.items() if step < self.global_steps]
         for u in stale:
-            del self._gdro_uid_map[u]
+            self._gdro_forget(u)
         for uid, pid, n in zip(uids, pids.tolist(), counts.tolist(), strict=True):
             if "_" in uid:
                 raise RuntimeError(f"uid {uid!r} contains '_', which breaks verl's trajectory keys")
             self._gdro_uid_map[uid] = (int(pid), int(n), int(self.global_steps))
+            self._gdro_uid_visit[uid] = self._gdro_fetches
+            self._gdro_fetches += 1
         p = self._gdro_pending
         p["gdro/recipe/prompts"] = p.get("gdro/recipe/prompts", 0.0) + float(len(pids))
         p["gdro/recipe/scheduled_rollouts"] = p.get("gdro/recipe/scheduled_rollouts", 0.0) + float(counts.sum())
@@ -248,6 +265,10 @@ class GDROTrainerSync(PPOTrainerSync):
         p["gdro/recipe/scheduled_n_max"] = float(max(p.get("gdro/recipe/scheduled_n_max", -math.inf), counts.max()))
         self._gdro_time += time.perf_counter() - start
         return batch
+
+    def _gdro_forget(self, uid: str) -> None:
+        self._gdro_uid_map.pop(uid, None)
+        self._gdro_uid_visit.pop(uid, None)
 
     def _gdro_plan(self, batch: KVBatchMeta) -> _StepPlan:
         """Sessions, prompt ids, outcomes and group-size check of one training batch (before verl's advantage).
@@ -278,7 +299,10 @@ class GDROTrainerSync(PPOTrainerSync):
                 f"(first uid {missing[0]!r}); a custom sampler or refill path bypassed _next_train_batch"
             )
         session_pid = np.array([self._gdro_uid_map[u][0] for u in session_uids], dtype=np.int64)
+        session_visit = np.array([self._gdro_uid_visit[u] for u in session_uids], dtype=np.int64)
         failed_sessions, failed_groups = self._check_group_sizes(session_uids)
+        group_size = Counter(session_uids)
+        session_singleton = np.array([group_size[u] == 1 for u in session_uids], dtype=bool)
 
         # 2. one TransferQueue read of extra_fields, for each session's final-turn acc.
         final_keys = [keys[local] for _, local in session_final]
@@ -301,10 +325,10 @@ class GDROTrainerSync(PPOTrainerSync):
         else:
             acc = np.array([np.nan if v is None else float(v) for v in acc_raw], dtype=np.float64)
 
-        # Canonical feeding order (prompt id, session): the controller's state does not depend on
+        # Canonical feeding order (prompt id, visit, session): the controller's state does not depend on
         # TransferQueue's key order, so a resumed run reproduces the uninterrupted one bit for bit.
         session_numbers = np.array([_session_number(sid) for _, sid in sessions])
-        order = np.lexsort((session_numbers, session_pid))
+        order = np.lexsort((session_numbers, session_visit, session_pid))
         # batch row -> session (-1 for padding rows, which keep verl's advantage)
         row_session = np.full(len(batch), -1, dtype=np.int64)
         row_session[np.asarray(rows, dtype=np.int64)] = np.asarray(session_of_row, dtype=np.int64)
@@ -314,11 +338,14 @@ class GDROTrainerSync(PPOTrainerSync):
             session_final_row=np.array([rows[local] for _, local in session_final], dtype=np.int64),
             session_uids=session_uids,
             session_pid=session_pid,
+            session_visit=session_visit,
             acc=acc,
             order=order,
             padding_rows=len(batch) - len(rows),
             failed_sessions=failed_sessions,
             failed_groups=failed_groups,
+            session_singleton=session_singleton,
+            row_response_len=np.array([float(t.get("response_len", np.nan)) for t in batch.tags], dtype=np.float64),
         )
 
     def _check_group_sizes(self, session_uids: list[str]) -> tuple[int, int]:
@@ -352,12 +379,13 @@ class GDROTrainerSync(PPOTrainerSync):
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it.
 
-        With Prompt-GDRO on, verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage
-        of each session's final output, broadcast over its tokens) is wrapped for the duration of this
-        call: right after it returns, the controller observes the step (with |A| per response) and each
-        response's advantage row is multiplied by its weight, A(x, i) × w(bin(x)) (paper, Eq. 6), before
-        verl writes the advantages to TransferQueue in its single put. The recipe adds no write; its one
-        extra read is ``extra_fields`` (for ``acc``).
+        verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage of each session's final
+        output, broadcast over its tokens) is wrapped for the duration of this call. Right after it
+        returns, the hook reads each row's score; with an adversary on, singleton groups get advantage 0;
+        with Prompt-GDRO on, the controller observes the step (with |A| per response) and each response's
+        advantage row is multiplied by its weight, A(x, i) × w(bin(x)) (paper, Eq. 6), before verl writes
+        the advantages to TransferQueue in its single put. The recipe adds no write; its one extra read is
+        ``extra_fields`` (for ``acc``).
         """
         if not self.gdro_enabled:
             return super()._compute_advantage(batch, metrics)
@@ -365,63 +393,123 @@ class GDROTrainerSync(PPOTrainerSync):
         plan = self._gdro_plan(batch)
         self._gdro_time += time.perf_counter() - start
         result: dict[str, np.ndarray] = {}
-        if self.gdro_config.prompt.enable:
-            with _scaled_advantages(lambda data, keys: self._observe_and_scale(plan, data, keys, result)):
-                batch = super()._compute_advantage(batch, metrics)
-            if "multipliers" not in result:
-                raise RuntimeError(
-                    "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
-                    "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
-                )
-        else:
+        must_adjust = self.gdro_config.prompt.enable or (
+            self.gdro_config.enabled and bool(plan.session_singleton.any())
+        )
+        with _scaled_advantages(lambda data, keys: self._in_advantage_stage(plan, data, keys, result, must_adjust)):
             batch = super()._compute_advantage(batch, metrics)
+        if must_adjust and "adjusted" not in result:
+            raise RuntimeError(
+                "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
+                "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
+            )
+        if "multipliers" not in result:
             start = time.perf_counter()
             result["multipliers"] = self._gdro_observe(plan, None)
             self._gdro_time += time.perf_counter() - start
-        self._gdro_finish_step(plan, result["multipliers"], metrics)
+        self._gdro_finish_step(plan, result["multipliers"], metrics, self._gdro_per_prompt_metrics(plan, result))
         return batch
 
     def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
         """Feed the controller in canonical order; return the per-session multipliers (canonical order)."""
         o = plan.order
-        return self.gdro.observe(plan.session_pid[o], plan.acc[o], None if abs_adv is None else abs_adv[o])
+        return self.gdro.observe(
+            plan.session_pid[o],
+            plan.acc[o],
+            None if abs_adv is None else abs_adv[o],
+            response_visit_ids=plan.session_visit[o],
+        )
+
+    def _in_advantage_stage(self, plan: _StepPlan, data, batch_keys: list[str], result: dict, adjust: bool) -> None:
+        """The hook inside verl's advantage stage: read each row's score (for the per-prompt metrics), then,
+        if an adversary needs it, zero singleton groups and apply Prompt-GDRO's weights."""
+        if "token_level_scores" in data.batch.keys():
+            result["row_score"] = data.batch["token_level_scores"].sum(dim=-1).double().numpy()
+        if adjust:
+            self._observe_and_scale(plan, data, batch_keys, result)
 
     def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
-        """Inside verl's advantage computation: observe with |A|, scale each response's advantage row."""
+        """Inside verl's advantage computation: zero singleton groups, observe with |A| and scale each
+        response's advantage row by its Prompt-GDRO weight."""
         start = time.perf_counter()
         if list(batch_keys) != plan.keys:
             raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
         adv = data.batch["advantages"]
-        # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
-        # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
-        row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
-        abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
-        observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0))
-        per_session = np.empty(len(observed), dtype=np.float64)
-        per_session[plan.order] = observed
-        row_mult = np.ones(len(plan.keys), dtype=np.float64)
         real = plan.row_session >= 0
-        row_mult[real] = per_session[plan.row_session[real]]
+        row_mult = np.ones(len(plan.keys), dtype=np.float64)
+        row_mult[real] = self._singleton_factor(plan)[plan.row_session[real]]
+        if self.gdro_config.prompt.enable:
+            # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
+            # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
+            row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
+            abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
+            abs_adv = np.nan_to_num(abs_adv, nan=0.0) * self._singleton_factor(plan)
+            observed = self._gdro_observe(plan, abs_adv)
+            per_session = np.empty(len(observed), dtype=np.float64)
+            per_session[plan.order] = observed
+            row_mult[real] *= per_session[plan.row_session[real]]
+            result["multipliers"] = observed
         # A new tensor (not in place): verl's ``returns`` is the same tensor and stays GRPO's.
         data.batch["advantages"] = adv * torch.from_numpy(row_mult).to(adv.dtype).unsqueeze(-1)
-        result["multipliers"] = observed
+        result["adjusted"] = True
         self._gdro_time += time.perf_counter() - start
 
-    def _gdro_finish_step(self, plan: _StepPlan, observed: np.ndarray, metrics: dict) -> None:
-        for u in dict.fromkeys(plan.session_uids):
-            self._gdro_uid_map.pop(u, None)
+    def _singleton_factor(self, plan: _StepPlan) -> np.ndarray:
+        """Per session: 0 if its group holds a single response (with an adversary on), else 1.
+
+        verl's GRPO gives a group of one mean 0 and std 1, so its advantage is the raw ±1 reward, not a
+        baseline-corrected one; Prompt-GDRO could multiply it further. A failed session at n_min = 2 leaves
+        such a group: its advantage is zeroed before weighting (counted in ``gdro/recipe/singleton_groups``).
+        """
+        if not self.gdro_config.enabled:
+            return np.ones(len(plan.session_singleton))
+        return np.where(plan.session_singleton, 0.0, 1.0)
+
+    def _gdro_per_prompt_metrics(self, plan: _StepPlan, result: dict) -> dict[str, float]:
+        """verl's ``critic/score/mean`` and ``response_length/mean`` average over responses, so under
+        Rollout-GDRO a prompt with more rollouts counts more. These average each group (one visit of one
+        prompt) first, then the groups: comparable across methods with different per-prompt counts."""
+        rows = np.flatnonzero(plan.row_session >= 0)
+        if len(rows) == 0:
+            return {}
+        uids = np.asarray(plan.session_uids, dtype=object)[plan.row_session[rows]]
+        _, group = np.unique(uids.astype(str), return_inverse=True)
+        size = np.bincount(group)
+
+        def per_prompt_mean(values: np.ndarray) -> float:
+            return float(np.mean(np.bincount(group, weights=values) / size))
+
+        out = {}
+        if "row_score" in result:
+            out["gdro/per_prompt/score_mean"] = per_prompt_mean(result["row_score"][rows])
+        lengths = plan.row_response_len[rows]
+        if np.all(np.isfinite(lengths)):
+            out["gdro/per_prompt/response_length_mean"] = per_prompt_mean(lengths)
+        return out
+
+    def _gdro_finish_step(
+        self, plan: _StepPlan, observed: np.ndarray, metrics: dict, extra: dict[str, float] | None = None
+    ) -> None:
+        groups = dict.fromkeys(plan.session_uids)
+        repeated = len(groups) - len({self._gdro_uid_map[u][0] for u in groups})
+        for u in groups:
+            self._gdro_forget(u)
         step = int(self.global_steps)
         for u in [u for u, (_, _, s) in self._gdro_uid_map.items() if s == step]:
-            del self._gdro_uid_map[u]  # a group that never arrived (counted in failed_groups)
+            self._gdro_forget(u)  # a group that never arrived (counted in failed_groups)
         step_metrics = dict(self.gdro.metrics())
         step_metrics.update(self._gdro_pending)
         step_metrics["gdro/recipe/realised_rollouts"] = float(len(plan.session_uids))
         step_metrics["gdro/recipe/failed_sessions"] = float(plan.failed_sessions)
         step_metrics["gdro/recipe/failed_groups"] = float(plan.failed_groups)
+        step_metrics["gdro/recipe/singleton_groups"] = float(plan.session_singleton.sum())
         step_metrics["gdro/recipe/padding_rows"] = float(plan.padding_rows)
+        # groups whose prompt already has another group in this step (each is its own visit)
+        step_metrics["gdro/recipe/repeated_prompts"] = float(repeated)
         # canonical order: bit-stable across resumes
         step_metrics["gdro/recipe/multiplier_mean"] = float(np.mean(observed)) if len(observed) else 1.0
         step_metrics["gdro/recipe/driver_ms"] = 1000.0 * self._gdro_time
+        step_metrics.update(extra or {})
         self._gdro_pending = {}
         self._gdro_time = 0.0
         self._gdro_step_metrics = step_metrics
@@ -475,6 +563,15 @@ class GDROTrainerSync(PPOTrainerSync):
             self.gdro.save(path)
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
+        self._enforce_checkpoint_retention(protect=[self.global_steps])
+
+    def _enforce_checkpoint_retention(self, protect: list[int]) -> list[str]:
+        """``trainer.max_actor_ckpt_to_keep`` over every ``global_step_K`` folder on disk (see
+        :mod:`recipe.gdro.retention`): verl's own limit forgets the checkpoints of earlier processes."""
+        root = self.config.trainer.default_local_dir
+        if not os.path.isabs(root):
+            root = os.path.join(os.getcwd(), root)
+        return enforce_retention(root, keep_limit(self.config.trainer), protect=protect)
 
     def _resume_folder(self) -> str | None:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None if none)."""
@@ -491,6 +588,10 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
+        if self.global_steps > 0:
+            resumed = os.path.basename(os.path.normpath(self._resume_folder() or ""))
+            protect = [int(resumed.rsplit("_", 1)[1])] if resumed.startswith("global_step_") else []
+            self._enforce_checkpoint_retention(protect=protect + [self.global_steps])
         if not self.gdro_enabled:
             return
         if self.global_steps == 0:

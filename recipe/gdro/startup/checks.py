@@ -186,10 +186,32 @@ def check_use_v1(config: DictConfig) -> None:
         )
 
 
+def check_parameter_sync_step(config: DictConfig, gdro: GDROConfig) -> None:
+    """Refuse ``trainer.v1.<mode>.parameter_sync_step`` > 1 whenever the GDRO controller runs.
+
+    verl's ``step`` then runs ``_step_once`` k times on B/k groups each, so one global step reaches
+    ``_compute_advantage`` k times: the controller would observe (and Prompt-GDRO update) k times per
+    step on partial batches, and Rollout-GDRO's Σ n = B·n̄ would no longer hold per update.
+    """
+    mode = str(config.trainer.v1.trainer_mode)
+    if not gdro_runs(config, gdro) or mode != SUPPORTED_TRAINER_MODE:
+        return  # the asynchronous modes are refused (or run verl's own trainer) elsewhere
+    section = config.trainer.v1.get(mode, None) or {}
+    k = section.get("parameter_sync_step", 1)
+    if k is not None and int(k) != 1:
+        raise GDRORecipeError(
+            f"trainer.v1.{mode}.parameter_sync_step={k} is not supported by the GDRO recipe: verl would run "
+            f"_step_once {k} times per step on data.train_batch_size/{k} groups each, so the controller would "
+            "observe partial batches several times per step. Use parameter_sync_step=1, or run plain verl "
+            "(both adversaries off and gdro.observe=false)"
+        )
+
+
 def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     """Refuse verl modes that would combine with GDRO into wrong statistics.
 
     * ``trainer.use_v1=false`` (legacy RayPPOTrainer), in every mode: see :func:`check_use_v1`.
+    * ``parameter_sync_step`` > 1 whenever the controller runs: see :func:`check_parameter_sync_step`.
     * ``trainer.v1.trainer_mode`` other than ``sync``: the async trainers train on groups generated
       under older weights and schedules, and refill evicted prompts one at a time, so a step's
       rollout counts neither come from one schedule nor sum to B·n̄.
@@ -201,6 +223,7 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
       Rollout-GDRO relies on GRPO's per-uid groups of any size.
     """
     check_use_v1(config)
+    check_parameter_sync_step(config, gdro)
     if not gdro.enabled:
         return
     mode = config.trainer.v1.trainer_mode
@@ -711,6 +734,7 @@ __all__ = [
     "check_supported_modes",
     "check_dry_run_data",
     "check_layout",
+    "check_parameter_sync_step",
     "check_required_keys",
     "check_train_prompt_ids",
     "check_use_v1",

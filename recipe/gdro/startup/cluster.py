@@ -10,9 +10,10 @@ Everything here runs on the driver before (or instead of) training, and most of 
   ``data_prep`` to ``ray_kwargs.ray_init.runtime_env.py_modules``, which verl's ``run_ppo`` merges
   on top of its own runtime_env (``get_ppo_ray_runtime_env``) before ``ray.init``: Ray then ships
   the code to every worker on every node, so nodes without the checkout import it too;
-* :func:`check_transfer_queue_cpus` -- TransferQueue's SimpleStorage starts one 1-CPU Ray actor
-  per storage unit plus a 1-CPU controller, next to verl's 1-CPU TaskRunner; with fewer Ray CPUs
-  ``tq.init`` waits forever without an error, so this refuses it with the numbers;
+* :func:`check_transfer_queue_cpus` -- verl's resource pool reserves {CPU: 3, GPU: 1} per GPU, and
+  TransferQueue's SimpleStorage starts one 1-CPU Ray actor per storage unit plus a 1-CPU controller,
+  next to verl's 1-CPU TaskRunner; with fewer Ray CPUs ``tq.init`` (or the placement groups) waits
+  forever without an error, so this refuses it with the numbers;
 * :func:`check_group_sizes` -- the preflight's comparison of scheduled per-prompt rollout counts
   with what the engine returned (``python -m recipe.gdro.startup.preflight``).
 """
@@ -185,29 +186,80 @@ def tq_storage_units(config: DictConfig) -> Optional[int]:
     return int(units) if units is not None else None
 
 
+# verl 0.9.1's ResourcePoolManager (single_controller/ray/base.py) builds each GPU's placement-group
+# bundle as {CPU: max_colocate_count, GPU: 1} with max_colocate_count = 3 by default, one STRICT_PACK
+# placement group of n_gpus_per_node bundles per node.
+RESOURCE_POOL_CPUS_PER_GPU = 3
+
+
 def tq_cpus_needed(units: int, runner_cpus: float = RUNNER_CPUS) -> float:
-    """Ray CPUs a run needs before any worker exists: storage units + controller + the TaskRunner."""
+    """Ray CPUs TransferQueue and the TaskRunner need: storage units + controller + the TaskRunner."""
     return units + TQ_CONTROLLER_CPUS + runner_cpus
 
 
-def check_transfer_queue_cpus(config: DictConfig, cluster_cpus: float, runner_cpus: float = RUNNER_CPUS) -> None:
-    """Refuse a TransferQueue layout the Ray cluster cannot place (``tq.init`` would hang silently).
+def resource_pool_cpus(config: DictConfig) -> int:
+    """Ray CPUs verl's GPU resource pool reserves: 3 per GPU (``RESOURCE_POOL_CPUS_PER_GPU``)."""
+    return RESOURCE_POOL_CPUS_PER_GPU * int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
 
-    ``runner_cpus``: the CPUs the caller itself holds (1 inside verl's TaskRunner actor, 0 on a driver).
+
+def cluster_cpus_needed(config: DictConfig, runner_cpus: float = RUNNER_CPUS) -> float:
+    """Every Ray CPU a run reserves at start-up: verl's resource pool, TransferQueue, the TaskRunner."""
+    units = tq_storage_units(config)
+    tq_part = tq_cpus_needed(units, 0) if units is not None else 0
+    return resource_pool_cpus(config) + tq_part + runner_cpus
+
+
+def check_transfer_queue_cpus(
+    config: DictConfig,
+    cluster_cpus: float,
+    runner_cpus: float = RUNNER_CPUS,
+    node_resources: Optional[Sequence[Mapping[str, float]]] = None,
+) -> None:
+    """Refuse a layout the Ray cluster cannot place: ``tq.init`` would wait forever, verl's resource pool
+    would wait for its placement groups.
+
+    Counted: verl's resource pool ({CPU: 3, GPU: 1} per GPU), TransferQueue's SimpleStorage (one 1-CPU
+    actor per storage unit plus a 1-CPU controller) and ``runner_cpus``, the CPUs the caller itself
+    holds (1 inside verl's TaskRunner actor, 0 on a driver). With ``node_resources`` (each alive node's
+    Ray resources) at least ``trainer.nnodes`` nodes must each hold one node's placement group:
+    ``n_gpus_per_node`` GPUs and 3 CPUs per GPU.
     """
     units = tq_storage_units(config)
-    if units is None:
-        return
-    if units < 1:
+    if units is not None and units < 1:
         raise GDRORecipeError(f"{TQ_UNITS_KEY}={units} must be >= 1")
-    need = tq_cpus_needed(units, runner_cpus)
+    pool = resource_pool_cpus(config)
+    need = cluster_cpus_needed(config, runner_cpus)
+    n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     if cluster_cpus < need:
-        raise GDRORecipeError(
-            f"{TQ_UNITS_KEY}={units}: TransferQueue starts one 1-CPU Ray actor per storage unit plus a 1-CPU "
-            f"controller, next to verl's 1-CPU TaskRunner, so it needs >= {need:g} Ray CPUs; this Ray cluster has "
-            f"{cluster_cpus:g}, and tq.init would wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
-            f"TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+        tq_text = (
+            f"TransferQueue {tq_cpus_needed(units, 0):g} ({TQ_UNITS_KEY}={units}: one 1-CPU actor per storage unit "
+            "plus a 1-CPU controller), "
+            if units is not None
+            else ""
         )
+        raise GDRORecipeError(
+            f"this run needs >= {need:g} Ray CPUs; this Ray cluster has {cluster_cpus:g}: verl's resource pool "
+            f"{pool} ({{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU x {n_gpus} GPUs, "
+            f"trainer.n_gpus_per_node x trainer.nnodes), {tq_text}verl's TaskRunner {runner_cpus:g}. Without "
+            f"them tq.init or the placement groups wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
+            "TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+        )
+    if node_resources is not None:
+        per_node = int(config.trainer.n_gpus_per_node)
+        nnodes = int(config.trainer.nnodes)
+        fit = [
+            r
+            for r in node_resources
+            if r.get("GPU", 0) >= per_node and r.get("CPU", 0) >= RESOURCE_POOL_CPUS_PER_GPU * per_node
+        ]
+        if len(fit) < nnodes:
+            seen = "; ".join(f"CPU {r.get('CPU', 0):g}, GPU {r.get('GPU', 0):g}" for r in node_resources)
+            raise GDRORecipeError(
+                f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={per_node}: verl places one placement group "
+                f"of {per_node} bundles {{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} on each node, so "
+                f"{nnodes} node(s) need >= {per_node} GPUs and >= {RESOURCE_POOL_CPUS_PER_GPU * per_node} CPUs "
+                f"each; {len(fit)} of the Ray nodes do ({seen})"
+            )
 
 
 # --------------------------------------------------------------------------------------- group sizes
@@ -254,6 +306,7 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=True,
+        max_position_embeddings=32768,
     ),
     "Qwen/Qwen3-4B-Base": dict(
         hidden_size=2560,
@@ -264,6 +317,7 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=True,
+        max_position_embeddings=32768,
     ),
     "Qwen/Qwen3-8B-Base": dict(
         hidden_size=4096,
@@ -274,10 +328,14 @@ KNOWN_MODELS = {
         head_dim=128,
         vocab_size=151936,
         tie_word_embeddings=False,
+        max_position_embeddings=32768,
     ),
 }
 ASSUMED_GPU_GIB = 79.2  # an "80 GB" A100 / H100 as torch reports it
-NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers (no CUDA graphs)
+NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers
+# Assumed (not measured) per GPU for the CUDA graphs verl's vLLM server captures (rollout.enforce_eager
+# defaults to false; cudagraph_mode FULL_AND_PIECEWISE in vllm_async_server.py), counted inside the budget.
+CUDA_GRAPH_GIB = 1.5
 GIB = 2**30
 
 
@@ -291,8 +349,10 @@ def model_shape(model_path: str) -> Optional[dict]:
             cfg = json.load(f)
         cfg = cfg.get("text_config", cfg)
         try:
-            return {k: cfg[k] for k in KNOWN_MODELS["Qwen/Qwen3-8B-Base"] if k not in ("head_dim",)} | {
-                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+            keys = [k for k in KNOWN_MODELS["Qwen/Qwen3-8B-Base"] if k not in ("head_dim", "max_position_embeddings")]
+            return {k: cfg[k] for k in keys} | {
+                "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+                "max_position_embeddings": cfg.get("max_position_embeddings"),
             }
         except KeyError:
             return None
@@ -318,31 +378,44 @@ class KVEstimate:
     replicas: int
     sequences_per_replica: float
     max_seq_len: int
+    overhead_gib: float = NON_KV_OVERHEAD_GIB
+    max_model_len: Optional[int] = None  # vLLM's, as verl's server sets it (None: unknown)
 
     @property
     def worst_case_tokens_per_replica(self) -> float:
         return self.sequences_per_replica * self.max_seq_len
 
     def line(self, gmu: float) -> str:
-        return (
+        graphs = "CUDA graphs assumed" if self.overhead_gib > NON_KV_OVERHEAD_GIB else "eager"
+        text = (
             f"kv cache     ~{self.tokens_per_replica / 1e3:.0f}k tokens per vLLM replica (estimate: {gmu} x "
-            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {NON_KV_OVERHEAD_GIB:g} GiB "
-            f"overhead, at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs {self.sequences_per_replica:g} "
-            f"sequences x {self.max_seq_len} tokens = {self.worst_case_tokens_per_replica / 1e6:.2f}M per replica "
-            f"if all ran to the limit ({self.replicas} replicas): "
+            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {self.overhead_gib:g} GiB "
+            f"overhead ({graphs}), at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs "
+            f"{self.sequences_per_replica:g} sequences x {self.max_seq_len} tokens = "
+            f"{self.worst_case_tokens_per_replica / 1e6:.2f}M per replica if all ran to the limit "
+            f"({self.replicas} replicas): "
             + (
                 "fits"
                 if self.tokens_per_replica >= self.worst_case_tokens_per_replica
                 else "vLLM queues what does not fit (docs/cluster.md)"
             )
         )
+        if self.max_model_len is not None:
+            text += f"; max_model_len {self.max_model_len}: " + (
+                "one sequence fits"
+                if self.tokens_per_replica >= self.max_model_len
+                else "vLLM refuses to start (the KV cache holds less than one max_model_len sequence); set "
+                "actor_rollout_ref.rollout.max_model_len"
+            )
+        return text
 
 
 def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Optional[KVEstimate]:
     """vLLM's KV-cache capacity per replica, and what a step would need if every sequence ran to the limit.
 
     tokens = (gpu_memory_utilization x GPU memory - bf16 weights / TP - overhead) / (KV bytes per token / TP),
-    KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes. None for an unknown model.
+    KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes; overhead is ``NON_KV_OVERHEAD_GIB``
+    plus the assumed ``CUDA_GRAPH_GIB`` unless ``rollout.enforce_eager``. None for an unknown model.
     """
     shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")))
     if shape is None:
@@ -353,14 +426,36 @@ def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Op
     gpu_gib = gpu_gib or ASSUMED_GPU_GIB
     per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2 / tp
     weights = approx_params(shape) * 2 / tp / GIB
-    kv_gib = gmu * gpu_gib - weights - NON_KV_OVERHEAD_GIB
+    # verl's server captures CUDA graphs unless rollout.enforce_eager (default false)
+    eager = bool(OmegaConf.select(config, "actor_rollout_ref.rollout.enforce_eager", default=False))
+    overhead = NON_KV_OVERHEAD_GIB + (0.0 if eager else CUDA_GRAPH_GIB)
+    kv_gib = gmu * gpu_gib - weights - overhead
     n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     replicas = max(n_gpus // tp, 1)
     rows = int(config.data.train_batch_size) * int(rollout.n)
     seq = int(rollout.prompt_length) + int(rollout.response_length)
     return KVEstimate(
-        max(kv_gib, 0) * GIB / per_token, per_token, weights, kv_gib, gpu_gib, replicas, rows / replicas, seq
+        max(kv_gib, 0) * GIB / per_token,
+        per_token,
+        weights,
+        kv_gib,
+        gpu_gib,
+        replicas,
+        rows / replicas,
+        seq,
+        overhead_gib=overhead,
+        max_model_len=vllm_max_model_len(config, shape),
     )
+
+
+def vllm_max_model_len(config: DictConfig, shape: Mapping[str, Any]) -> Optional[int]:
+    """vLLM's ``max_model_len`` as verl 0.9.1's server sets it (``vllm_async_server.py``, ``_validate_configs``):
+    ``actor_rollout_ref.rollout.max_model_len`` if set, else the model's ``max_position_embeddings``."""
+    value = OmegaConf.select(config, "actor_rollout_ref.rollout.max_model_len", default=None)
+    if value is not None:
+        return int(value)
+    mpe = shape.get("max_position_embeddings")
+    return int(mpe) if mpe else None
 
 
 def _local_gpu_gib() -> Optional[float]:
@@ -384,6 +479,8 @@ class ClusterPlan:
     tq_units: Optional[int]
     forwarded_env: Optional[dict] = None
     kv_line: str = ""
+    pool_cpus: Optional[int] = None
+    cpus_needed: float = 0.0
 
     def lines(self) -> list[str]:
         out = [f"attention    {ATTN_KEY.split('.', 1)[1]} = {self.attention.describe()}"]
@@ -407,7 +504,13 @@ class ClusterPlan:
         if self.tq_units is not None:
             out.append(
                 f"transferq    SimpleStorage with {self.tq_units} storage unit(s): needs >= "
-                f"{tq_cpus_needed(self.tq_units):g} Ray CPUs (checked when Ray is up)"
+                f"{tq_cpus_needed(self.tq_units):g} Ray CPUs with the TaskRunner"
+            )
+        if self.pool_cpus is not None:
+            out.append(
+                f"ray cpus     verl's resource pool reserves {{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU "
+                f"({self.pool_cpus} CPUs); with TransferQueue and the TaskRunner the run needs >= "
+                f"{self.cpus_needed:g} Ray CPUs (checked when Ray is up)"
             )
         return out
 
@@ -426,7 +529,16 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, s
             estimate = None
         if estimate is not None:
             kv_line = estimate.line(float(config.actor_rollout_ref.rollout.gpu_memory_utilization))
-    return ClusterPlan(attention, required, shipped, tq_storage_units(config), forwarded, kv_line)
+    return ClusterPlan(
+        attention,
+        required,
+        shipped,
+        tq_storage_units(config),
+        forwarded,
+        kv_line,
+        pool_cpus=resource_pool_cpus(config),
+        cpus_needed=cluster_cpus_needed(config),
+    )
 
 
 __all__ = [
@@ -444,6 +556,7 @@ __all__ = [
     "check_attention",
     "check_group_sizes",
     "check_transfer_queue_cpus",
+    "cluster_cpus_needed",
     "cluster_checks",
     "configured_attn_implementation",
     "forward_offline_env",
@@ -451,6 +564,7 @@ __all__ = [
     "model_shape",
     "package_dir",
     "ship_code_to_workers",
+    "resource_pool_cpus",
     "tq_cpus_needed",
     "tq_storage_units",
 ]

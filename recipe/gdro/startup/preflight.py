@@ -11,20 +11,25 @@ It runs, in order, and stops at the first failure (exit 2, or 1 for a config Hyd
 3. this node can run vLLM: CUDA visible and ``vllm`` importable (a CPU machine stops here, cleanly);
 4. Ray with the launch's runtime_env (the code shipped through ``py_modules``): on every alive node a
    task imports ``recipe.gdro.trainer``, ``verl_ext``, ``data_prep.reward_fn`` and the attention
-   package, and the cluster has the CPUs TransferQueue's storage units need;
-5. vLLM on the model (the launch's TP, memory fraction and lengths) for ONE prompt submitted twice
-   with two different rollout counts (``gdro.rollout.n_min`` and ``n_max``), and the returned group
-   sizes are compared with the scheduled ones (:func:`recipe.gdro.startup.cluster.check_group_sizes`).
-
-Step 5 checks the engine honours per-request counts; the counts verl's agent loop realises from
-``__rollout_n__`` are checked at every training step by the trainer itself.
+   package, and the cluster has the CPUs verl's resource pool and TransferQueue need; with
+   ``trainer.nnodes > 1`` a marker the driver writes into ``trainer.default_local_dir`` must be read
+   back by a task on every node (:func:`probe_shared_storage`: the folder is one shared filesystem);
+5. one round through verl's own stack (:func:`verl_agent_loop_round`): the recipe's trainer is built and
+   initialised as a launch does (actor, vLLM servers, weights synced), verl's ``AgentLoopManagerTQ``
+   gets two prompts with ``__rollout_n__`` = ``gdro.rollout.n_min`` and ``n_max`` (2 and 12), and the
+   sessions that reach TransferQueue are counted per prompt (:func:`agent_loop_round`, compared by
+   :func:`recipe.gdro.startup.cluster.check_group_sizes`). verl opens one single-sample session per
+   rollout, so this is the path the counts take in training.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -32,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from recipe.gdro.startup.checks import GDROConfigError, GDRORecipeError, PromptIdError, prepare
 from recipe.gdro.startup.cluster import (
     ATTN_MODULES,
+    GroupSizeReport,
     check_attention,
     check_group_sizes,
     check_transfer_queue_cpus,
@@ -71,8 +77,8 @@ def plan_lines(config: DictConfig, counts: dict[str, int]) -> list[str]:
         f"model {config.actor_rollout_ref.model.path}; vLLM TP {rollout.tensor_model_parallel_size}, "
         f"gpu_memory_utilization {rollout.gpu_memory_utilization}, "
         f"max_model_len {int(rollout.prompt_length) + int(rollout.response_length)}",
-        f"one prompt submitted twice with n = {counts['a']} and n = {counts['b']} (max_tokens "
-        f"{PREFLIGHT_MAX_TOKENS}); the returned group sizes must equal them",
+        f"two prompts through verl's agent loop with __rollout_n__ = {counts['a']} and {counts['b']} (max_tokens "
+        f"{PREFLIGHT_MAX_TOKENS}); the sessions reaching TransferQueue must equal them",
         f"every Ray node imports {', '.join(PROBE_MODULES)} and "
         f"{ATTN_MODULES.get(configured_attn_implementation(config), '(attention not checked)')}",
     ]
@@ -162,43 +168,193 @@ def probe_nodes(config: DictConfig, modules: Sequence[str], *, timeout: float = 
     return results
 
 
-# --------------------------------------------------------------------------------------- vLLM
-def local_model_path(config: DictConfig) -> str:
-    from verl.utils.fs import copy_to_local
-
-    return copy_to_local(str(config.actor_rollout_ref.model.path))
+# --------------------------------------------------------------------------------------- storage
+MARKER_PREFIX = ".gdro_preflight_"
 
 
-def vllm_group_sizes(config: DictConfig, counts: dict[str, int]) -> tuple[list[str], dict[str, Any]]:
-    """Generate for one prompt twice (n = counts['a'], counts['b']); return one key per response + facts."""
-    from vllm import LLM, SamplingParams
+def storage_folder(config: DictConfig) -> str:
+    folder = str(config.trainer.default_local_dir)
+    return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
 
-    rollout = config.actor_rollout_ref.rollout
-    t0 = time.monotonic()
-    llm = LLM(
-        model=local_model_path(config),
-        tensor_parallel_size=int(rollout.tensor_model_parallel_size),
-        gpu_memory_utilization=float(rollout.gpu_memory_utilization),
-        max_model_len=int(rollout.prompt_length) + int(rollout.response_length),
-        trust_remote_code=bool(config.actor_rollout_ref.model.get("trust_remote_code", False)),
-        enforce_eager=True,  # start fast: no CUDA graph capture for a one-prompt check
-    )
-    started = time.monotonic() - t0
-    keys = list(counts)
-    params = [
-        SamplingParams(n=counts[k], temperature=float(rollout.temperature), max_tokens=PREFLIGHT_MAX_TOKENS, seed=i)
-        for i, k in enumerate(keys)
+
+def write_storage_marker(folder: str) -> tuple[str, str]:
+    """Write a marker file with a fresh token into ``folder`` (created if absent); return (path, token)."""
+    os.makedirs(folder, exist_ok=True)
+    token = uuid.uuid4().hex
+    path = os.path.join(folder, f"{MARKER_PREFIX}{token}")
+    with open(path, "w") as f:
+        f.write(token)
+    return path, token
+
+
+def read_storage_marker(path: str) -> dict[str, Any]:
+    """Runs on a Ray worker: what this node sees at ``path``."""
+    import socket
+
+    result: dict[str, Any] = {"host": socket.gethostname(), "content": None, "error": ""}
+    try:
+        with open(path) as f:
+            result["content"] = f.read()
+    except Exception as e:  # noqa: BLE001 - FileNotFoundError, PermissionError, ...
+        result["error"] = f"{type(e).__name__}: {e}"
+    return result
+
+
+def check_shared_storage(results: Mapping[str, Mapping[str, Any]], token: str, folder: str) -> None:
+    """Every node must have read ``token`` from the marker: else ``trainer.default_local_dir`` is not one
+    shared folder, and ``gdro_state.pkl`` / the metrics file written by the TaskRunner's node would be
+    missing when a resume lands on another node."""
+    bad = [
+        f"node {node[:12]} ({r.get('host', '?')}): "
+        + (r["error"] or f"reads {str(r['content'])[:40]!r}, not the driver's token")
+        for node, r in results.items()
+        if r.get("content") != token
     ]
-    outputs = llm.generate([PREFLIGHT_PROMPT] * len(keys), params)
-    realised = [k for k, out in zip(keys, outputs, strict=True) for _ in out.outputs]
-    generated = time.monotonic() - t0 - started
-    facts: dict[str, Any] = {"engine_start_s": round(started, 1), "generate_s": round(generated, 1)}
-    try:  # KV-cache capacity vLLM allocated (tokens per replica), to compare with docs/cluster.md
-        cache = llm.llm_engine.vllm_config.cache_config
-        facts["kv_cache_tokens"] = int(cache.num_gpu_blocks) * int(cache.block_size)
-    except Exception:  # noqa: BLE001 - an engine version without these attributes
-        pass
-    return realised, facts
+    if bad:
+        raise PreflightError(
+            f"trainer.default_local_dir={folder} is not the same shared folder on every node (trainer.nnodes > 1): "
+            "the driver's marker is not visible on\n  " + "\n  ".join(bad) + "\nThe TaskRunner writes "
+            "gdro_state.pkl and the metrics file on whichever node hosts it, and verl's checkpoints are written by "
+            "every node: put default_local_dir (CKPT_DIR) on a filesystem shared by all nodes (docs/cluster.md)"
+        )
+
+
+def probe_shared_storage(config: DictConfig, *, timeout: float = 120) -> dict[str, dict]:
+    """Write a marker into ``trainer.default_local_dir`` and read it back with a Ray task on every alive node
+    (Ray must be up). Raises :class:`PreflightError` naming the nodes that cannot see it; removes the marker."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    folder = storage_folder(config)
+    path, token = write_storage_marker(folder)
+    try:
+        reader = ray.remote(num_cpus=0)(read_storage_marker)
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        refs = [
+            reader.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote(path)
+            for n in nodes
+        ]
+        results = dict(zip(nodes, ray.get(refs, timeout=timeout), strict=True))
+        check_shared_storage(results, token, folder)
+        return results
+    finally:
+        os.remove(path)
+
+
+# --------------------------------------------------------------------------------------- verl's agent loop
+ROUND_PARTITION = "train"
+
+
+def preflight_batch(trainer, counts: Sequence[int]):
+    """The first ``len(counts)`` training prompts (verl's own dataloader fetch, fresh uids), with
+    ``__rollout_n__`` = ``counts``, shaped as ``_next_train_batch`` shapes a step's batch."""
+    from tensordict import NonTensorData, NonTensorStack
+    from verl.utils import tensordict_utils as tu
+
+    from recipe.gdro.trainer import ROLLOUT_N_FIELD
+
+    chunks, total = [], 0
+    while total < len(counts):
+        chunk = trainer._fetch_one_gen_batch()
+        chunks.append(chunk)
+        total += len(chunk)
+    batch = chunks[0] if len(chunks) == 1 else tu.concat_tensordict(chunks)
+    batch = batch[: len(counts)]
+    batch[ROLLOUT_N_FIELD] = NonTensorStack.from_list([NonTensorData(int(c)) for c in counts])
+    tu.assign_non_tensor_data(batch, "global_steps", trainer.global_steps)
+    return batch
+
+
+def sessions_in_transfer_queue(
+    uids: Sequence[str], *, partition_id: str = ROUND_PARTITION, timeout: float = 600, poll: float = 0.5
+) -> tuple[list[str], dict[str, Any], list[str]]:
+    """Wait until verl's agent loop marks each prompt ``finished`` / ``failure`` in TransferQueue, then
+    list the sessions that reached it: (one uid per session, final status per uid, every key found)."""
+    import transfer_queue as tq
+
+    from recipe.gdro.trainer import split_trajectory_key
+
+    wanted = set(uids)
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = (tq.kv_list() or {}).get(partition_id, {}) or {}
+        status = {u: (listing.get(u) or {}).get("status") for u in uids}
+        if all(v in ("finished", "failure") for v in status.values()):
+            break
+        if time.monotonic() > deadline:
+            raise PreflightError(f"verl's agent loop did not finish the preflight prompts in {timeout:g} s: {status}")
+        time.sleep(poll)
+    sessions, keys = set(), []
+    for key in listing:
+        if key in wanted:
+            keys.append(key)
+            continue
+        try:
+            uid, session, _ = split_trajectory_key(key)
+        except ValueError:
+            continue
+        if uid in wanted:
+            sessions.add((uid, session))
+            keys.append(key)
+    return [uid for uid, _ in sorted(sessions)], status, keys
+
+
+def agent_loop_round(trainer, counts: Sequence[int], *, timeout: float = 600) -> GroupSizeReport:
+    """Submit ``len(counts)`` prompts with ``__rollout_n__`` = ``counts`` through the trainer's own
+    ``_submit_batch_to_rollout`` (TransferQueue prompt markers + ``trainer.agent_loop_manager``), count the
+    sessions that reach TransferQueue per prompt, compare with the counts, and clear the keys."""
+    import transfer_queue as tq
+
+    batch = preflight_batch(trainer, counts)
+    uids = [str(u) for u in list(batch["uid"])]
+    label = {u: f"#{i}" for i, u in enumerate(uids)}
+    trainer._submit_batch_to_rollout(batch)
+    realised, status, keys = sessions_in_transfer_queue(uids, timeout=timeout)
+    tq.kv_clear(keys=keys, partition_id=ROUND_PARTITION)
+    failed = [label[u] for u in uids if status[u] == "failure"]
+    if failed:
+        raise PreflightError(f"verl's agent loop reported failure for preflight prompt(s) {', '.join(failed)}")
+    return check_group_sizes(
+        {label[u]: int(c) for u, c in zip(uids, counts, strict=True)}, [label[u] for u in realised]
+    )
+
+
+def round_config(config: DictConfig) -> DictConfig:
+    """The launch's config for the preflight round: no resume, no writes into the experiment folder, short
+    responses."""
+    from omegaconf import open_dict
+
+    cfg = OmegaConf.create(OmegaConf.to_container(config, resolve=True))
+    with open_dict(cfg):
+        cfg.trainer.resume_mode = "disable"
+        cfg.trainer.default_local_dir = tempfile.mkdtemp(prefix="gdro_preflight_")
+        cfg.actor_rollout_ref.rollout.response_length = PREFLIGHT_MAX_TOKENS
+        cfg.transfer_queue.enable = True
+    return cfg
+
+
+def verl_agent_loop_round(config: DictConfig, counts: Sequence[int]) -> tuple[GroupSizeReport, dict[str, Any]]:
+    """GPU only: build and initialise the recipe's trainer and verl's agent loop manager exactly as
+    :class:`recipe.gdro.task_runner.GDROTaskRunner` does (Ray must be up), then :func:`agent_loop_round`."""
+    import transfer_queue as tq
+
+    from recipe.gdro.task_runner import GDROTaskRunner, select_trainer_cls
+
+    cfg = round_config(config)
+    tq.init(cfg.transfer_queue)
+    try:
+        t0 = time.monotonic()
+        runner = GDROTaskRunner()
+        runner.config = cfg
+        runner.trainer = select_trainer_cls(cfg)(config=cfg)
+        runner.trainer.init()
+        runner.init_agent_loop_manager()
+        runner.trainer.agent_loop_manager = runner.agent_loop_manager
+        started = time.monotonic() - t0
+        report = agent_loop_round(runner.trainer, counts)
+        return report, {"setup_s": round(started, 1), "round_s": round(time.monotonic() - t0 - started, 1)}
+    finally:
+        tq.close()
 
 
 # --------------------------------------------------------------------------------------- main
@@ -228,15 +384,21 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         try:
             attn = ATTN_MODULES.get(configured_attn_implementation(config))
             results = probe_nodes(config, [*PROBE_MODULES, *([attn] if attn else [])])
-            check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0))
-            log(f"3/4 {len(results)} Ray node(s) import the recipe; TransferQueue CPUs OK", stdout)
+            nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+            check_transfer_queue_cpus(config, ray.cluster_resources().get("CPU", 0), node_resources=nodes)
+            storage = ""
+            if int(config.trainer.nnodes) > 1:
+                probe_shared_storage(config)
+                storage = f"; {storage_folder(config)} is shared by every node"
+            log(f"3/4 {len(results)} Ray node(s) import the recipe; Ray CPUs OK{storage}", stdout)
+            report, facts = verl_agent_loop_round(config, [counts["a"], counts["b"]])
         finally:
             ray.shutdown()
-        realised, facts = vllm_group_sizes(config, counts)
-        report = check_group_sizes(counts, realised)
-        log(f"4/4 vLLM: {report.describe()}; {facts}", stdout)
+        log(f"4/4 verl agent loop: {report.describe()}; {facts}", stdout)
         if not report.ok:
-            raise PreflightError(f"vLLM's group sizes differ from the scheduled counts: {report.describe()}")
+            raise PreflightError(
+                f"the sessions verl's agent loop put into TransferQueue differ from __rollout_n__: {report.describe()}"
+            )
     except (GDRORecipeError, PreflightError) as e:
         print(f"gdro preflight: error: {e}", file=stderr)
         return 2
@@ -260,13 +422,20 @@ __all__ = [
     "PROBE_MODULES",
     "PreflightError",
     "check_attention",
+    "agent_loop_round",
+    "check_shared_storage",
     "import_probe",
     "plan_lines",
     "probe_nodes",
+    "probe_shared_storage",
+    "read_storage_marker",
     "ray_init_kwargs",
     "require_gpu_and_vllm",
     "run_preflight",
     "scheduled_counts",
+    "sessions_in_transfer_queue",
+    "verl_agent_loop_round",
+    "write_storage_marker",
 ]
 
 
