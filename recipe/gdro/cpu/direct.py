@@ -227,6 +227,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, default=d.n)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--num_train", type=int, default=d.num_train, help="training prompts (revisits need few)")
     p.add_argument("--eval_samples", type=int, default=d.eval_samples)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=None, help="write the result (without the model) as JSON here")
@@ -235,7 +236,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    for name in ("steps", "prompts", "n", "eval_samples", "threads"):
+    for name in ("steps", "prompts", "n", "eval_samples", "threads", "num_train"):
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
@@ -251,6 +252,7 @@ def main(argv=None) -> int:
         n=args.n,
         lr=args.lr,
         seed=args.seed,
+        num_train=args.num_train,
         eval_samples=args.eval_samples,
     )
     result = run_direct(config)
