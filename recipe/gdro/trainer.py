@@ -18,7 +18,10 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     GRPO advantage function is wrapped for the duration of the call, so the controller observes
     the step (with |A| per response) and each response's advantage is multiplied by its weight
     before verl's single TransferQueue put: the recipe adds no write. Otherwise the controller
-    observes after verl's stage. Padding rows (``is_padding``) are skipped.
+    observes after verl's stage. Either way the wrapper reads each response's token count from the
+    local batch's ``response_mask`` (no TransferQueue round trip) for the token accounting
+    (``gdro/tokens/*``, the length state, ``rollout.budget=tokens`` and Prompt-GDRO's mass under a
+    token-weighted ``actor.loss_agg_mode``). Padding rows (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
@@ -207,7 +210,12 @@ class GDROTrainerSync(PPOTrainerSync):
         if len(ids) == 0:
             raise RuntimeError("GDRO: the training dataset is empty")
         num_prompts = int(ids.max()) + 1
-        self.gdro = GDROController(self.gdro_config, num_prompts)
+        self.gdro = GDROController(
+            self.gdro_config,
+            num_prompts,
+            loss_agg_mode=str(self.config.actor_rollout_ref.actor.loss_agg_mode),
+            max_response_length=int(self.config.data.max_response_length),
+        )
         logger.info(
             "GDRO: %d training prompts, ids in [0, %d); prompt adversary %s, rollout adversary %s",
             len(ids),
@@ -374,17 +382,43 @@ class GDROTrainerSync(PPOTrainerSync):
                     "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
                 )
         else:
-            batch = super()._compute_advantage(batch, metrics)
+            with _scaled_advantages(lambda data, keys: self._read_lengths(plan, data, keys, result)):
+                batch = super()._compute_advantage(batch, metrics)
+            if "lengths" not in result and self.gdro_config.rollout.budget == "tokens":
+                raise RuntimeError(
+                    "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so the "
+                    "response lengths gdro.rollout.budget=tokens needs were not read (an unsupported verl version)"
+                )
             start = time.perf_counter()
-            result["multipliers"] = self._gdro_observe(plan, None)
+            result["multipliers"] = self._gdro_observe(plan, None, result.get("lengths"))
             self._gdro_time += time.perf_counter() - start
         self._gdro_finish_step(plan, result["multipliers"], metrics)
         return batch
 
-    def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
+    def _gdro_observe(
+        self, plan: _StepPlan, abs_adv: np.ndarray | None, lengths: np.ndarray | None = None
+    ) -> np.ndarray:
         """Feed the controller in canonical order; return the per-session multipliers (canonical order)."""
         o = plan.order
-        return self.gdro.observe(plan.session_pid[o], plan.acc[o], None if abs_adv is None else abs_adv[o])
+        return self.gdro.observe(
+            plan.session_pid[o],
+            plan.acc[o],
+            None if abs_adv is None else abs_adv[o],
+            response_length=None if lengths is None else lengths[o],
+        )
+
+    @staticmethod
+    def _session_lengths(plan: _StepPlan, data) -> np.ndarray:
+        """Generated tokens per session: its rows' ``response_mask`` summed (all turns; padding skipped)."""
+        row_tokens = data.batch["response_mask"].sum(dim=-1).double().numpy()
+        real = plan.row_session >= 0
+        return np.bincount(plan.row_session[real], weights=row_tokens[real], minlength=len(plan.session_uids))
+
+    def _read_lengths(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
+        """Inside verl's advantage computation (Prompt-GDRO off): only read the response lengths."""
+        if list(batch_keys) != plan.keys:
+            raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
+        result["lengths"] = self._session_lengths(plan, data)
 
     def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
         """Inside verl's advantage computation: observe with |A|, scale each response's advantage row."""
@@ -396,7 +430,8 @@ class GDROTrainerSync(PPOTrainerSync):
         # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
         row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
         abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
-        observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0))
+        lengths = self._session_lengths(plan, data)
+        observed = self._gdro_observe(plan, np.nan_to_num(abs_adv, nan=0.0), lengths)
         per_session = np.empty(len(observed), dtype=np.float64)
         per_session[plan.order] = observed
         row_mult = np.ones(len(plan.keys), dtype=np.float64)
