@@ -17,7 +17,7 @@ import yaml
 from recipe.gdro.results import plot as gdro_plot
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
 from recipe.gdro.sim import plots as sim_plots
-from recipe.gdro.sim.methods import DEFAULT_METHODS, METHOD_PRESETS, parse_set_overrides
+from recipe.gdro.sim.methods import DEFAULT_METHODS, parse_set_overrides
 from recipe.gdro.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
 from recipe.gdro.sim.simulate import run_experiment, run_one
 

@@ -210,6 +210,8 @@ class RolloutGDROConfig:
             units): ρ ← max(0, ρ + α_λ (T̂ / T_uniform - 1)) with T̂ the proposal's expected tokens.
         length_beta: EMA rate of the per-prompt (per visit) and per-bin (per step) mean response
             length ĉ, kept for the token metrics in every run and used by ``budget=tokens``.
+        length_shrinkage: κ, the prior strength (in responses) of the bin's mean length in a
+            prompt's expected length ĉ (see :mod:`verl_ext.tokens`); 0 uses the prompt's own EMA.
     """
 
     enable: bool = False
@@ -231,6 +233,7 @@ class RolloutGDROConfig:
     budget: str = "rollouts"
     token_lr: float = 1.0
     length_beta: float = 0.3
+    length_shrinkage: float = 8.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -268,6 +271,8 @@ class RolloutGDROConfig:
             _fail("rollout.budget", self.budget, f"must be one of {BUDGETS}{hint}")
         _check_positive("rollout.token_lr", self.token_lr)
         _check_unit("rollout.length_beta", self.length_beta, open_low=True)
+        if not (isinstance(self.length_shrinkage, (int, float)) and 0 <= self.length_shrinkage < math.inf):
+            _fail("rollout.length_shrinkage", self.length_shrinkage, "must be a finite number >= 0")
 
 
 @dataclass

@@ -76,7 +76,9 @@ class GDROController:
         self.num_groups = self.binner.num_groups
         self.prompt = PromptGDRO(config.prompt, self.num_groups)
         self.rollout = RolloutGDRO(config.rollout, self.num_groups)
-        self.lengths = LengthTracker(num_prompts, self.num_groups, config.rollout.length_beta)
+        self.lengths = LengthTracker(
+            num_prompts, self.num_groups, config.rollout.length_beta, config.rollout.length_shrinkage
+        )
         self.step = 0
         self._metrics: dict[str, float] = {}
         self._schedule_metrics: dict[str, float] = {}  # allocation quality of the last schedule()
@@ -147,7 +149,8 @@ class GDROController:
             ):
                 if needs:
                     raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
-            if response_length is None and self.token_weighted and cfg.prompt.normalize == "advantage_mass":
+        if cfg.prompt.enable and cfg.prompt.normalize == "advantage_mass" and self.token_weighted:
+            if response_length is None:
                 raise ValueError(
                     f"gdro.prompt.normalize=advantage_mass under loss_agg_mode={self.loss_agg_mode} preserves "
                     "Σ|A|·m·tokens and needs response_length (tokens per response) in observe()"
