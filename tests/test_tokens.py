@@ -47,9 +47,7 @@ def test_every_allocator_keeps_both_budgets_exactly(B, n_mean, extra, allocator,
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    B=st.integers(1, 80), n_mean=st.integers(2, 8), extra=st.integers(0, 10), seed=st.integers(0, 2**31 - 1)
-)
+@given(B=st.integers(1, 80), n_mean=st.integers(2, 8), extra=st.integers(0, 10), seed=st.integers(0, 2**31 - 1))
 def test_token_repair_of_any_proposal(B, n_mean, extra, seed):
     """Any in-bounds proposal is repaired to both budgets, and one already within them is left alone."""
     rng = np.random.default_rng(seed)
