@@ -414,6 +414,8 @@ def test_token_budget_generates_no_more_than_uniform(tq_session, tmp_path_factor
             work,
             "gdro.rollout.enable=true",
             f"gdro.rollout.budget={budget}",
+            # scripted lengths are exact per (prompt, outcome): the prompt's own EMA, not the bin's mix
+            "gdro.rollout.length_shrinkage=0.0",
             "gdro.binner.num_bins=4",
             "gdro.rollout.variance_beta=1.0",
             "gdro.rollout.variance_source=prompt",
