@@ -143,9 +143,9 @@ def test_state_round_trip_is_exact(tmp_path, allocator, prompt_extra, rollout_ex
 def test_old_state_version_fails_with_a_clear_message():
     ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 10)
     state = ctl.state_dict()
-    assert state["version"] == 2 and "observed" in state["prompt"]
-    state["version"] = 1
-    with pytest.raises(ValueError, match=r"version 1 is not 2.*older verl_ext"):
+    assert state["version"] == 3 and "observed" in state["prompt"] and "lengths" in state
+    state["version"] = 2
+    with pytest.raises(ValueError, match=r"version 2 is not 3.*older verl_ext"):
         ctl.load_state_dict(state)
 
 

@@ -155,7 +155,12 @@ def joint_run(tq_session, tmp_path_factory, tokenizer, script):
 
 def shadow_controller(config) -> GDROController:
     section = OmegaConf.to_container(config.gdro, resolve=True)
-    return GDROController(gdro_config_from_dict(section), num_prompts=len(ANSWERS))
+    return GDROController(
+        gdro_config_from_dict(section),
+        num_prompts=len(ANSWERS),
+        loss_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
+        max_response_length=config.data.max_response_length,
+    )
 
 
 def real_rows(update: dict) -> list[dict]:
@@ -197,7 +202,14 @@ def replay_and_check(
         mean_abs = np.abs([grpo[r["key"]] for r in rows]) if abs_adv else None
         # each uid is one visit of its prompt (a prompt may have two groups in a step), in fetch order
         visit = {uid: i for i, uid in enumerate(batch["uid"])}
-        mult = shadow.observe([r["index"] for r in rows], acc, mean_abs, [visit[r["uid"]] for r in rows])
+        lengths = [float(r["mask"].sum()) for r in rows]
+        mult = shadow.observe(
+            [r["index"] for r in rows],
+            acc,
+            mean_abs,
+            [visit[r["uid"]] for r in rows],
+            response_length=lengths,
+        )
         for r, m in zip(rows, mult, strict=True):
             expected = grpo[r["key"]] * m
             assert r["advantage"] == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, r["index"], r["session"])
@@ -383,7 +395,7 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
     lines = (observe["work"] / "ckpt" / "gdro_metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert observe["trainer"].gdro.binner.seen_fraction() > 0
-    for step_metrics in observe["logged"].values():
+    for step, step_metrics in observe["logged"].items():
         assert step_metrics["gdro/multiplier_max"] == step_metrics["gdro/multiplier_min"] == 1.0
         # GRPO (observe-only) logs the per-prompt means too; with equal groups they equal verl's
         assert step_metrics["gdro/per_prompt/score_mean"] == pytest.approx(step_metrics["critic/score/mean"])
@@ -391,6 +403,54 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
             step_metrics["response_length/mean"]
         )
         assert sum(v for k, v in step_metrics.items() if k.endswith("/data_share")) == pytest.approx(1.0)
+        # Token accounting in a GRPO run too: the tokens of the rows the actor got; uniform = itself.
+        up = next(u for u in observe["trainer"].actor_rollout_wg.updates if u["step"] == step)
+        tokens = sum(float(r["mask"].sum()) for r in real_rows(up))
+        assert step_metrics["gdro/tokens/generated"] == tokens > 0
+        assert step_metrics["gdro/tokens/uniform_expected"] == pytest.approx(tokens)
+        assert step_metrics["gdro/tokens/ratio_to_uniform"] == pytest.approx(1.0)
+        assert step_metrics["gdro/tokens/truncation_rate"] == 0.0
+        assert any(k.endswith("/response_length") for k in step_metrics)
+
+
+def test_token_budget_generates_no_more_than_uniform(tq_session, tmp_path_factory, tokenizer):
+    """Failures run longer (scripted filler): under rollout.budget=tokens the planned tokens never exceed
+    uniform's and the generated tokens stay at or below the uniform expectation; budget=rollouts logs
+    the same metrics (and the length state is the replayed one)."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    script = S.Script(SOLVE_RATES, wrong_filler=6)
+    ratios = {}
+    for budget in ("rollouts", "tokens"):
+        work = new_work(tmp_path_factory, f"budget_{budget}")
+        config = make_config(
+            work,
+            "gdro.rollout.enable=true",
+            f"gdro.rollout.budget={budget}",
+            # scripted lengths are exact per (prompt, outcome): the prompt's own EMA, not the bin's mix
+            "gdro.rollout.length_shrinkage=0.0",
+            "gdro.binner.num_bins=4",
+            "gdro.rollout.variance_beta=1.0",
+            "gdro.rollout.variance_source=prompt",
+            "gdro.rollout.n_max=8",
+            "trainer.resume_mode=disable",
+            "trainer.save_freq=-1",
+            steps=4,
+        )
+        with capture_tracking() as logged:
+            trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+        run = {"trainer": trainer, "manager": manager}
+        shadow = replay_and_check(run, script, [1, 2, 3, 4], shadow_controller(config), rollout=True)
+        assert_states_equal(trainer.gdro.state_dict()["lengths"], shadow.state_dict()["lengths"])
+        assert sorted(logged) == [1, 2, 3, 4]
+        for step, m in logged.items():
+            assert m["gdro/tokens/generated"] > 0 and m["gdro/tokens/uniform_expected"] > 0
+            if budget == "tokens":
+                assert m["gdro/tokens/planned_ratio"] <= 1.0 + 1e-9, step
+        ratios[budget] = [logged[s]["gdro/tokens/ratio_to_uniform"] for s in (2, 3, 4)]
+        assert any(len(set(b["rollout_n"])) > 1 for b in manager.batches[1:])
+    # measured: rollouts 1.014 / 1.011 / 1.020, tokens 1.014 / 0.967 / 0.979 (the scripted outcomes are fixed)
+    assert np.mean(ratios["tokens"]) <= 1.0 < np.mean(ratios["rollouts"]), ratios
 
 
 def test_prompt_gdro_skips_padding_rows(tq_session, tmp_path_factory, tokenizer, script):

@@ -17,7 +17,7 @@ import yaml
 from recipe.gdro.results import plot as gdro_plot
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
 from recipe.gdro.sim import plots as sim_plots
-from recipe.gdro.sim.methods import METHOD_PRESETS, parse_set_overrides
+from recipe.gdro.sim.methods import DEFAULT_METHODS, parse_set_overrides
 from recipe.gdro.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
 from recipe.gdro.sim.simulate import run_experiment, run_one
 
@@ -86,7 +86,7 @@ def test_grpo_learner_improves_and_uses_verls_advantage(monkeypatch):
 def test_total_rollouts_equal_across_methods(tmp_path):
     sc = tiny()
     res = run_experiment(sc, str(tmp_path), seeds=[0], steps=30, workers=1, progress=False, plots=False)
-    assert set(res["methods"]) == set(METHOD_PRESETS)
+    assert set(res["methods"]) == set(DEFAULT_METHODS)
     expected = 30 * sc.batch_size * sc.n_mean
     assert res["equal_total_rollouts"] is True
     for name, e in res["methods"].items():

@@ -28,6 +28,7 @@ UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
 NORMALIZE_MODES = ("advantage_mass", "all_responses")
 VARIANCE_SOURCES = ("bin", "prompt")
+BUDGETS = ("rollouts", "tokens")
 
 
 class GDROConfigError(ValueError):
@@ -201,6 +202,16 @@ class RolloutGDROConfig:
         bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
             bin), exploration and EMA rate of the ``bandit`` allocator's per-(bin, arm) scores.
         seed: RNG seed (the bandit's exploration; ties).
+        budget: what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also
+            the expected generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a
+            second dual variable λ (see :mod:`verl_ext.rollout_gdro`); every allocator honours it
+            through the exact two-constraint repair (``uniform`` meets it with equality).
+        token_lr: α_λ, the projected dual-ascent step on the token price ρ = λ c̄ / μ (relative
+            units): ρ ← max(0, ρ + α_λ (T̂ / T_uniform - 1)) with T̂ the proposal's expected tokens.
+        length_beta: EMA rate of the per-prompt (per visit) and per-bin (per step) mean response
+            length ĉ, kept for the token metrics in every run and used by ``budget=tokens``.
+        length_shrinkage: κ, the prior strength (in responses) of the bin's mean length in a
+            prompt's expected length ĉ (see :mod:`verl_ext.tokens`); 0 uses the prompt's own EMA.
     """
 
     enable: bool = False
@@ -219,6 +230,10 @@ class RolloutGDROConfig:
     bandit_gamma: float = 0.05
     bandit_beta: float = 0.12
     seed: int = 0
+    budget: str = "rollouts"
+    token_lr: float = 1.0
+    length_beta: float = 0.3
+    length_shrinkage: float = 8.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -250,6 +265,14 @@ class RolloutGDROConfig:
         _check_positive("rollout.bandit_eta", self.bandit_eta)
         _check_unit("rollout.bandit_gamma", self.bandit_gamma)
         _check_unit("rollout.bandit_beta", self.bandit_beta, open_low=True)
+        if self.budget not in BUDGETS:
+            close = difflib.get_close_matches(str(self.budget), BUDGETS, n=1, cutoff=0.4)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            _fail("rollout.budget", self.budget, f"must be one of {BUDGETS}{hint}")
+        _check_positive("rollout.token_lr", self.token_lr)
+        _check_unit("rollout.length_beta", self.length_beta, open_low=True)
+        if not (isinstance(self.length_shrinkage, (int, float)) and 0 <= self.length_shrinkage < math.inf):
+            _fail("rollout.length_shrinkage", self.length_shrinkage, "must be a finite number >= 0")
 
 
 @dataclass

@@ -5,13 +5,20 @@ One training step, as the recipe and the simulator drive it::
     counts = ctl.schedule(prompt_ids)                  # before generation: n(x) per prompt
     ... generate counts[i] rollouts for prompt i, score them, GRPO advantages ...
     mult = ctl.observe(response_prompt_ids, response_acc,
-                       response_abs_advantage=...)     # after rewards: per-response multipliers
+                       response_abs_advantage=...,
+                       response_length=...)            # after rewards: per-response multipliers
     advantages *= mult[:, None]                        # Prompt-GDRO reweighting
     metrics = ctl.metrics()                            # per-bin shares, weights, μ, se proxy
 
 Within ``observe`` the order is: group each prompt by its bin *before* this visit (the bin it
 was scheduled in), update Prompt-GDRO with this step's losses, update Rollout-GDRO's variance
 estimates, then record the visit in the binner (which may move the prompt for the next step).
+Token accounting (:mod:`verl_ext.tokens`) runs in every mode, observe-only GRPO included: the
+per-prompt and per-bin response-length EMAs are updated from ``response_length`` (the tokens of
+each response, from verl's response mask), and ``gdro/tokens/*`` compares the step's generated
+tokens with what the uniform allocation n̄ would have generated on the same prompts. With
+``rollout.budget=tokens`` ``schedule`` also keeps the expected tokens Σ n ĉ <= n̄ Σ ĉ.
+
 With an adversary disabled its part is skipped: ``schedule`` returns n̄ for every prompt and
 ``observe`` returns all-ones multipliers, so the step is plain GRPO.
 """
@@ -28,9 +35,11 @@ from verl_ext.binner import BinnerUpdate, OnlineDifficultyBinner, aggregate_resp
 from verl_ext.config import GDROConfig, gdro_config_to_dict
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
 from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality
+from verl_ext.tokens import LengthTracker, token_weighted_loss
 
 # 2: Prompt-GDRO keeps per-group ``observed`` flags (scores start from a bin's first observation).
-STATE_VERSION = 2
+# 3: response-length state (``lengths``) and Rollout-GDRO's token price.
+STATE_VERSION = 3
 
 # allocation_quality() keys → gdro/se/<name> (measured with the controller's per-prompt estimates).
 _SE_METRIC_NAMES = {
@@ -48,12 +57,28 @@ _SE_METRIC_NAMES = {
 class GDROController:
     """Driver-side GDRO state for a dataset of ``num_prompts`` prompts with ids 0..num_prompts-1."""
 
-    def __init__(self, config: GDROConfig, num_prompts: int):
+    def __init__(
+        self,
+        config: GDROConfig,
+        num_prompts: int,
+        *,
+        loss_agg_mode: str | None = None,
+        max_response_length: int | None = None,
+    ):
+        """``loss_agg_mode`` is verl's ``actor.loss_agg_mode`` (Prompt-GDRO's mass is preserved in its
+        units; ``None`` = per response); ``max_response_length`` (verl's ``data.max_response_length``)
+        defines a truncated response (length >= it) for the truncation-rate metrics."""
         self.config = config
+        self.loss_agg_mode = loss_agg_mode
+        self.token_weighted = token_weighted_loss(loss_agg_mode)
+        self.max_response_length = None if max_response_length is None else int(max_response_length)
         self.binner = OnlineDifficultyBinner(config.binner, num_prompts)
         self.num_groups = self.binner.num_groups
         self.prompt = PromptGDRO(config.prompt, self.num_groups)
         self.rollout = RolloutGDRO(config.rollout, self.num_groups)
+        self.lengths = LengthTracker(
+            num_prompts, self.num_groups, config.rollout.length_beta, config.rollout.length_shrinkage
+        )
         self.step = 0
         self._metrics: dict[str, float] = {}
         self._schedule_metrics: dict[str, float] = {}  # allocation quality of the last schedule()
@@ -81,15 +106,25 @@ class GDROController:
         # Per-prompt variance estimate (empirical Bayes, shrunk toward v_b): the allocator's input
         # with variance_source=prompt, and always the yardstick of the gdro/se/* metrics.
         v_prompt = self.rollout.prompt_variance_estimate(groups, window_correct, window_rollouts)
+        cost = self.lengths.expected_lengths(ids, groups)  # ĉ per prompt (verl_ext.tokens)
         if rc.enable:
             accuracy = self.binner.accuracy_of(ids) if rc.allocator == "knapsack" else None
-            counts = self.rollout.allocate(groups, accuracy, v_prompt if rc.variance_source == "prompt" else None)
+            counts = self.rollout.allocate(
+                groups,
+                accuracy,
+                v_prompt if rc.variance_source == "prompt" else None,
+                prompt_cost=cost if rc.budget == "tokens" else None,
+            )
         else:
             counts = np.full(len(ids), rc.n_mean, dtype=np.int64)
         if len(ids):
             quality = allocation_quality(counts, v_prompt, rc.n_mean, rc.n_min, rc.n_max)
             self._schedule_metrics = {f"gdro/se/{_SE_METRIC_NAMES[k]}": v for k, v in quality.items()}
             self._schedule_metrics["gdro/se/seen_share"] = float(np.count_nonzero(window_rollouts)) / len(ids)
+            planned, planned_u = float(np.dot(cost, counts)), float(cost.sum() * rc.n_mean)
+            self._schedule_metrics["gdro/tokens/planned"] = planned
+            self._schedule_metrics["gdro/tokens/planned_uniform"] = planned_u
+            self._schedule_metrics["gdro/tokens/planned_ratio"] = planned / planned_u
         return counts
 
     def observe(
@@ -98,6 +133,7 @@ class GDROController:
         response_correct: Any,
         response_abs_advantage: Any | None = None,
         response_visit_ids: Any | None = None,
+        response_length: Any | None = None,
     ) -> np.ndarray:
         """Record one step's outcomes; return the per-response advantage multipliers.
 
@@ -113,6 +149,9 @@ class GDROController:
                 the step); by default the responses of one prompt id form one group. Each visit is one
                 observation for the adversaries, and the binner records the visits of one prompt in
                 increasing visit id.
+            response_length: generated tokens per response (verl's response mask summed). Feeds
+                the length state and the ``gdro/tokens/*`` metrics; needed by Prompt-GDRO's
+                ``advantage_mass`` under a token-weighted ``loss_agg_mode`` (mass Σ |A|·m·tokens).
         """
         cfg = self.config
         if response_abs_advantage is None and cfg.prompt.enable:
@@ -122,6 +161,12 @@ class GDROController:
             ):
                 if needs:
                     raise ValueError(f"{key} needs response_abs_advantage (|A| per response) in observe()")
+        if cfg.prompt.enable and cfg.prompt.normalize == "advantage_mass" and self.token_weighted:
+            if response_length is None:
+                raise ValueError(
+                    f"gdro.prompt.normalize=advantage_mass under loss_agg_mode={self.loss_agg_mode} preserves "
+                    "Σ|A|·m·tokens and needs response_length (tokens per response) in observe()"
+                )
         pid = np.asarray(response_prompt_ids, dtype=np.int64)
         if response_visit_ids is None:
             ids, correct, rollouts, nonfinite, inverse = aggregate_responses(pid, response_correct, return_inverse=True)
@@ -148,6 +193,16 @@ class GDROController:
             if abs_adv.shape != pid.shape:
                 raise ValueError(f"observe: {abs_adv.shape[0]} |advantage| values for {pid.shape[0]} responses")
             mean_abs_adv = np.bincount(inverse, weights=abs_adv, minlength=len(ids)) / rollouts
+        length = prompt_tokens = None
+        if response_length is not None:
+            length = np.asarray(response_length, dtype=np.float64)
+            if length.shape != pid.shape or not np.all(np.isfinite(length)) or (len(length) and length.min() < 0):
+                raise ValueError(f"observe: response_length must be {pid.shape[0]} finite token counts >= 0")
+            prompt_tokens = np.bincount(inverse, weights=length, minlength=len(ids))
+        # Prompt-GDRO's mass in the loss's units: |A|·tokens under a token-weighted loss_agg_mode.
+        mass_adv = abs_adv
+        if abs_adv is not None and self.token_weighted and length is not None:
+            mass_adv = abs_adv * length
 
         if cfg.prompt.enable:
             # Joint mode: n varies per prompt, so learnability uses the unbiased n/(n-1) form.
@@ -157,13 +212,16 @@ class GDROController:
             scale = None
             if cfg.rollout.enable and cfg.prompt.rollout_coupling == "divide_by_allocation":
                 scale = cfg.rollout.n_mean / rollouts[inverse]
-            multipliers = self.prompt.response_multipliers(groups[inverse], scale, abs_adv, probabilities=before)
+            multipliers = self.prompt.response_multipliers(groups[inverse], scale, mass_adv, probabilities=before)
         else:
             multipliers = np.ones(len(pid))
         self.rollout.observe(groups, correct, rollouts, update_allocator=cfg.rollout.enable)
         update = self._record_visits(ids, visits, correct, rollouts, nonfinite)
 
-        self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update, abs_adv)
+        self._metrics = self._step_metrics(groups, correct, rollouts, multipliers, groups[inverse], update, mass_adv)
+        if length is not None:
+            self._metrics.update(self._token_metrics(groups, rollouts, prompt_tokens, groups[inverse], length))
+            self.lengths.update(ids, groups, prompt_tokens, rollouts)
         self._schedule_metrics = {}
         self.step += 1
         return multipliers
@@ -223,9 +281,13 @@ class GDROController:
             m["gdro/se_proxy"] = last["se_proxy"]
             m["gdro/se_proxy_uniform"] = last["se_proxy_uniform"]
             m["gdro/se_proxy_reduction"] = 1.0 - last["se_proxy"] / last["se_proxy_uniform"]
+            if self.config.rollout.budget == "tokens":
+                m["gdro/token_price"] = self.rollout.token_price  # ρ = λ c̄ / μ
+                m["gdro/lambda"] = self.rollout.lam
         m.update(self._schedule_metrics)
         if abs_adv is not None:
-            # Σ|A·m| / Σ|A|: how much Prompt-GDRO changes the update's size (1 = direction only).
+            # Σ|A·m| / Σ|A| (each |A| times its tokens under a token-weighted loss_agg_mode): how much
+            # Prompt-GDRO changes the update's size in the loss's units (1 = direction only).
             mass = abs_adv.sum()
             m["gdro/prompt/advantage_mass_ratio"] = float((abs_adv * multipliers).sum() / mass) if mass > 0 else 1.0
         else:
@@ -243,6 +305,38 @@ class GDROController:
         m["gdro/binner/seen_fraction"] = self.binner.seen_fraction()
         return {k: float(v) for k, v in m.items()}
 
+    def _token_metrics(self, groups, rollouts, prompt_tokens, response_groups, length) -> dict[str, float]:
+        """``gdro/tokens/*`` and per-bin length / truncation (before this step enters the length state).
+
+        ``uniform_expected`` = Σ_x n̄ ℓ̄_x, with ℓ̄_x this step's mean length of prompt x: the tokens the
+        uniform allocation would have generated on the same prompts (unbiased, since n_x is fixed before
+        generation). In a GRPO run the ratio is exactly 1.
+        """
+        G = self.num_groups
+        n_mean = self.config.rollout.n_mean
+        generated = float(length.sum())
+        uniform = float((n_mean * prompt_tokens / np.maximum(rollouts, 1.0)).sum())
+        m: dict[str, float] = {
+            "gdro/tokens/generated": generated,
+            "gdro/tokens/uniform_expected": uniform,
+            "gdro/tokens/ratio_to_uniform": generated / uniform if uniform > 0 else 1.0,
+            "gdro/tokens/mean_response_length": generated / max(len(length), 1),
+        }
+        resp = np.bincount(response_groups, minlength=G)
+        tok = np.bincount(response_groups, weights=length, minlength=G)
+        limit = self.max_response_length
+        trunc = None
+        if limit is not None:
+            hit = (length >= limit).astype(np.float64)
+            trunc = np.bincount(response_groups, weights=hit, minlength=G)
+            m["gdro/tokens/truncation_rate"] = float(hit.mean()) if len(hit) else 0.0
+        for b, name in enumerate(self.group_names()):
+            if resp[b]:
+                m[f"gdro/{name}/response_length"] = tok[b] / resp[b]
+                if trunc is not None:
+                    m[f"gdro/{name}/truncation_rate"] = trunc[b] / resp[b]
+        return {k: float(v) for k, v in m.items()}
+
     def metrics(self) -> dict[str, float]:
         """Metrics of the last observed step (empty before the first)."""
         return dict(self._metrics)
@@ -256,6 +350,7 @@ class GDROController:
             "binner": self.binner.state_dict(),
             "prompt": self.prompt.state_dict(),
             "rollout": self.rollout.state_dict(),
+            "lengths": self.lengths.state_dict(),
             "metrics": dict(self._metrics),
         }
 
@@ -269,6 +364,7 @@ class GDROController:
         self.binner.load_state_dict(state["binner"])
         self.prompt.load_state_dict(state["prompt"])
         self.rollout.load_state_dict(state["rollout"])
+        self.lengths.load_state_dict(state["lengths"])
         self.step = int(state["step"])
         self._metrics = dict(state["metrics"])
 

@@ -53,6 +53,27 @@ the posterior mean of a prompt's variance under a prior centred on the bin's emp
 (empirical Bayes: the prior is estimated from the data) worth κ rollouts. An unseen prompt gets
 v_b. O(batch): two gathers from the binner's running sums.
 
+Token budget (``budget=tokens``). Rollouts are not what a step costs; generated tokens are, and
+hard prompts write longer responses. With ĉ_i the expected response length of prompt i (its EMA
+over visits; an unseen prompt takes its bin's, a bin not yet seen the batch mean), minimise
+
+    Σ_i v_i / n_i   subject to   Σ_i n_i = B n̄   (verl's batch shape)
+                                 Σ_i ĉ_i n_i <= n̄ Σ_i ĉ_i   (the uniform allocation's tokens)
+
+over n_min <= n_i <= n_max. The Lagrangian Σ v_i/n_i + μ (Σ n_i - B n̄) + λ (Σ ĉ_i n_i - n̄ Σ ĉ_i)
+with λ >= 0 is separable; ∂/∂n_i = -v_i/n_i² + μ + λ ĉ_i = 0 gives
+
+    n_i = √(v_i / (μ + λ ĉ_i)),   clipped to [n_min, n_max],
+
+with complementary slackness λ (Σ ĉ n - n̄ Σ ĉ) = 0: λ = 0 while the token constraint is slack
+(the square-root law unchanged), λ > 0 moves rollouts from long to short prompts at equal v. We
+keep λ in relative units, ρ = λ c̄ / μ (c̄ the batch's mean ĉ), so n_i = √(v_i / (μ (1 + ρ ĉ_i/c̄)))
+and ρ is dimensionless; ρ follows projected dual ascent ρ ← max(0, ρ + α_λ (T̂/T_u - 1)) on the
+proposal's expected tokens T̂ against uniform's T_u (``token_lr``), as μ does on the count. The
+integer allocation is made exact by :func:`repair_to_budget` (count) and then
+:func:`repair_to_token_budget` (tokens, keeping the count and the bounds), which every allocator
+goes through, so ``bandit``, ``knapsack`` and ``uniform`` honour the token budget too.
+
 The weighted standard-error proxy se(n) = √(Σ_i v_{b_i} / n_i) / B is reported for the
 realised allocation and for the uniform counterfactual n_i = n̄ (the paper reports 22.6-37.1%
 reductions). :func:`allocation_quality` adds the per-prompt oracle: the exact integer optimum of
@@ -109,6 +130,58 @@ def repair_to_budget(n: np.ndarray, v: np.ndarray, budget: int, n_min: int, n_ma
         safe_k = np.maximum(k, 2)  # rows past n_min are masked below; avoid 0-division there
         cost = np.where(k <= n_min, np.inf, v[:, None] / (safe_k * (safe_k - 1.0)) - _TIE_BREAK * k)
         n = n - _top_k_increments(-cost, -gap)
+    return n
+
+
+def token_excess(n: Any, cost: Any, n_mean: int) -> float:
+    """Σ_i ĉ_i (n_i - n̄): expected tokens above the uniform allocation's (<= 0 means within budget)."""
+    return float(np.dot(np.asarray(cost, dtype=np.float64), np.asarray(n, dtype=np.int64) - int(n_mean)))
+
+
+def repair_to_token_budget(
+    n: Any, v: Any, cost: Any, n_mean: int, n_min: int, n_max: int, rel_tol: float = 1e-9
+) -> np.ndarray:
+    """Make Σ ĉ_i n_i <= n̄ Σ ĉ_i while keeping Σ n_i and every n_i in [n_min, n_max] (``budget=tokens``).
+
+    ``n`` must already satisfy the count budget and the bounds (:func:`repair_to_budget`). While
+    the allocation is over the token budget, one rollout moves from a donor i (n_i > n_min) to the
+    receiver j of least ĉ_j (n_j < n_max) with ĉ_i > ĉ_j; among donors, the one with the smallest
+    variance cost per token saved, v_i / (n_i (n_i - 1)) / (ĉ_i - ĉ_j). Every move keeps Σ n and the
+    bounds and lowers the expected tokens strictly, so the loop ends; it cannot get stuck over
+    budget: Σ ĉ (n - n̄) > 0 with Σ (n - n̄) = 0 implies some prompt above n̄ (a donor) has a larger
+    ĉ than some prompt below n̄ (a receiver). ``rel_tol`` absorbs float rounding of Σ ĉ n̄.
+    """
+    n = np.asarray(n, dtype=np.int64).copy()
+    v = np.asarray(v, dtype=np.float64)
+    cost = np.asarray(cost, dtype=np.float64)
+    if n.shape != cost.shape or v.shape != cost.shape:
+        raise ValueError(f"repair_to_token_budget: {len(n)} counts, {len(v)} variances, {len(cost)} costs")
+    tol = rel_tol * float(np.abs(cost).sum()) * max(int(n_mean), 1)
+    excess = token_excess(n, cost, n_mean)
+    for _ in range(len(n) * (n_max - n_min) * 4 + 1):
+        if excess <= tol:
+            excess = token_excess(n, cost, n_mean)  # exact, without the running sum's rounding
+            if excess <= tol:
+                return n
+        receivers = np.flatnonzero(n < n_max)
+        donors = np.flatnonzero(n > n_min)
+        if len(receivers) == 0 or len(donors) == 0:
+            break
+        # Cheapest receiver; among equally cheap ones, the largest variance gain v/(n(n+1)).
+        rc = cost[receivers]
+        tied = receivers[rc == rc.min()]
+        j = int(tied[np.argmax(v[tied] / (n[tied] * (n[tied] + 1.0)))])
+        saving = cost[donors] - cost[j]
+        ok = saving > 0
+        if not ok.any():
+            break
+        d = donors[ok]
+        i = int(d[np.argmin(v[d] / (n[d] * (n[d] - 1.0)) / saving[ok])])
+        n[i] -= 1
+        n[j] += 1
+        excess -= cost[i] - cost[j]
+    if token_excess(n, cost, n_mean) > tol:  # pragma: no cover - excluded by the argument above
+        raise RuntimeError("repair_to_token_budget: could not meet the token budget")
     return n
 
 
@@ -187,6 +260,8 @@ class RolloutGDRO:
         self.rng = np.random.default_rng(config.seed)
         self.last: dict[str, Any] = {}
         self.steps = 0
+        self.token_price = 0.0  # ρ = λ c̄ / μ >= 0, budget=tokens (see token_sqrt_law)
+        self._token_proposal_ratio = float("nan")
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -234,11 +309,17 @@ class RolloutGDRO:
         self.log_mu = float(np.clip(self.log_mu + self.config.mu_lr * (proposal_mean - self.config.n_mean), lo, hi))
 
     # ------------------------------------------------------------------ allocators
-    def _allocate_sqrt(self, groups: np.ndarray, v: np.ndarray, budget: int) -> tuple[np.ndarray, float]:
+    def _allocate_sqrt(
+        self, groups: np.ndarray, v: np.ndarray, budget: int, cost_rel: np.ndarray | None = None
+    ) -> tuple[np.ndarray, float]:
         c = self.config
         if not np.isfinite(self.log_mu):
             self.log_mu = self._clearing_log_mu(v, budget)
-        proposal = np.clip(np.sqrt(v / self.mu), c.n_min, c.n_max)
+        # budget=tokens: n = √(v / (μ + λ ĉ)) = √(v / (μ (1 + ρ ĉ/c̄)))  (see token_sqrt_law)
+        price = 1.0 if cost_rel is None else 1.0 + self.token_price * cost_rel
+        proposal = np.clip(np.sqrt(v / (self.mu * price)), c.n_min, c.n_max)
+        if cost_rel is not None:
+            self._token_proposal_ratio = float((cost_rel * proposal).sum() / (c.n_mean * cost_rel.sum()))
         return np.rint(proposal).astype(np.int64), float(proposal.mean())
 
     def arm_probabilities(self) -> np.ndarray:
@@ -298,14 +379,42 @@ class RolloutGDRO:
         base = np.full(len(accuracy), c.n_min, dtype=np.int64)
         return base + _top_k_increments(gains, budget - base.sum())
 
+    # ------------------------------------------------------------------ token budget
+    def _token_step(self, n: np.ndarray, v: np.ndarray, cost: np.ndarray) -> np.ndarray:
+        """budget=tokens: enforce Σ ĉ n <= n̄ Σ ĉ exactly, then one projected dual-ascent step on ρ.
+
+        ρ moves on the relative excess of the ``sqrt`` proposal's expected tokens (the continuous
+        √(v/(μ + λĉ)) before rounding and repair), projected onto ρ >= 0, so it stays 0 while the
+        proposal is within the token budget. Other allocators have no ρ in their proposal; for them
+        the repair alone keeps the budget (ρ stays 0).
+        """
+        c = self.config
+        n = repair_to_token_budget(n, v, cost, c.n_mean, c.n_min, c.n_max)
+        if c.allocator == "sqrt" and np.isfinite(self._token_proposal_ratio):
+            self.token_price = max(0.0, self.token_price + c.token_lr * (self._token_proposal_ratio - 1.0))
+        return n
+
+    @property
+    def lam(self) -> float:
+        """λ of n = √(v / (μ + λ ĉ)) in units of μ per token, for the last batch's mean length c̄."""
+        c_bar = self.last.get("cost_mean", float("nan")) if self.last else float("nan")
+        return float(self.token_price * self.mu / c_bar) if np.isfinite(c_bar) and c_bar > 0 else float("nan")
+
     # ------------------------------------------------------------------ public API
-    def allocate(self, groups: Any, accuracy: Any | None = None, prompt_variance: Any | None = None) -> np.ndarray:
+    def allocate(
+        self,
+        groups: Any,
+        accuracy: Any | None = None,
+        prompt_variance: Any | None = None,
+        prompt_cost: Any | None = None,
+    ) -> np.ndarray:
         """Rollout counts for the next batch, one per prompt, summing to ``len(groups) · n̄``.
 
         ``groups`` are the prompts' current bins; ``accuracy`` (per prompt windowed pass rate,
         NaN if unseen) is needed by ``knapsack`` only. ``prompt_variance`` (per prompt), if
         given, replaces the bins' v_b in the ``sqrt`` law, the repair and the SE proxy
-        (``variance_source=prompt``); the ``bandit`` arms stay per bin.
+        (``variance_source=prompt``); the ``bandit`` arms stay per bin. ``prompt_cost`` (per prompt
+        expected response length ĉ) is required by ``budget=tokens``.
         """
         c = self.config
         g = np.asarray(groups, dtype=np.int64)
@@ -317,10 +426,19 @@ class RolloutGDRO:
             if v.shape != g.shape:
                 raise ValueError(f"rollout_gdro.allocate: {v.shape[0]} variances for {g.shape[0]} prompts")
         proposal_mean = float(c.n_mean)
+        cost = cost_rel = None
+        if c.budget == "tokens":
+            if prompt_cost is None:
+                raise ValueError("rollout.budget=tokens needs the per-prompt expected length (prompt_cost)")
+            cost = np.asarray(prompt_cost, dtype=np.float64)
+            if cost.shape != g.shape or not np.all(np.isfinite(cost)) or (len(cost) and cost.min() <= 0):
+                raise ValueError("rollout_gdro.allocate: prompt_cost must be one finite value > 0 per prompt")
+            cost_rel = cost / cost.mean() if len(cost) else cost
+        self._token_proposal_ratio = float("nan")
         if c.allocator == "uniform" or len(g) == 0:
             n = np.full(len(g), c.n_mean, dtype=np.int64)
         elif c.allocator == "sqrt":
-            n, proposal_mean = self._allocate_sqrt(g, v, budget)
+            n, proposal_mean = self._allocate_sqrt(g, v, budget, cost_rel)
         elif c.allocator == "bandit":
             n, proposal_mean = self._allocate_bandit(g, v, budget)
         elif c.allocator == "knapsack":
@@ -330,6 +448,8 @@ class RolloutGDRO:
         else:  # pragma: no cover - the config rejects it
             raise ValueError(c.allocator)
         n = repair_to_budget(n, v, budget, c.n_min, c.n_max)
+        if cost is not None and len(g):
+            n = self._token_step(n, v, cost)
         if c.allocator in ("sqrt", "bandit"):
             self._dual_step(proposal_mean)
         se = np.sqrt((v / n).sum()) / max(len(g), 1)
@@ -341,6 +461,9 @@ class RolloutGDRO:
             "se_proxy": float(se),
             "se_proxy_uniform": float(se_uniform),
         }
+        if cost is not None and len(g):
+            self.last["cost_mean"] = float(cost.mean())
+            self.last["token_proposal_ratio"] = self._token_proposal_ratio
         return n
 
     def observe(self, groups: Any, correct: Any, rollouts: Any, update_allocator: bool = True) -> None:
@@ -381,6 +504,7 @@ class RolloutGDRO:
             "arm_scores": self.arm_scores.copy(),
             "rng": self.rng.bit_generator.state,
             "steps": self.steps,
+            "token_price": float(self.token_price),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -399,3 +523,4 @@ class RolloutGDRO:
         self.arm_scores = arm_scores.copy()
         self.rng.bit_generator.state = state["rng"]
         self.steps = int(state["steps"])
+        self.token_price = float(state["token_price"])

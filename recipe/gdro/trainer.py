@@ -18,7 +18,10 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     TransferQueue get of ``extra_fields``), maps it to its prompt id through the uid map and checks
     each prompt's realised group size against its scheduled count. verl's GRPO advantage function
     is wrapped for the duration of the call: the hook reads each row's score (for the
-    ``gdro/per_prompt/*`` metrics); with an adversary on, a group of one response gets advantage 0;
+    ``gdro/per_prompt/*`` metrics) and each response's token count from the local batch's
+    ``response_mask`` (no TransferQueue round trip) for the token accounting (``gdro/tokens/*``, the
+    length state, ``rollout.budget=tokens`` and Prompt-GDRO's mass under a token-weighted
+    ``actor.loss_agg_mode``); with an adversary on, a group of one response gets advantage 0;
     with Prompt-GDRO on, the controller observes the step (with |A| per response) and each
     response's advantage is multiplied by its weight before verl's single TransferQueue put: the
     recipe adds no write. Otherwise the controller observes after verl's stage. Padding rows
@@ -221,7 +224,12 @@ class GDROTrainerSync(PPOTrainerSync):
         if len(ids) == 0:
             raise RuntimeError("GDRO: the training dataset is empty")
         num_prompts = int(ids.max()) + 1
-        self.gdro = GDROController(self.gdro_config, num_prompts)
+        self.gdro = GDROController(
+            self.gdro_config,
+            num_prompts,
+            loss_agg_mode=str(self.config.actor_rollout_ref.actor.loss_agg_mode),
+            max_response_length=int(self.config.data.max_response_length),
+        )
         logger.info(
             "GDRO: %d training prompts, ids in [0, %d); prompt adversary %s, rollout adversary %s",
             len(ids),
@@ -403,14 +411,21 @@ class GDROTrainerSync(PPOTrainerSync):
                 "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so "
                 "Prompt-GDRO's weights were not applied (an unsupported verl version or advantage estimator)"
             )
+        if "lengths" not in result and self.gdro_config.rollout.budget == "tokens":
+            raise RuntimeError(
+                "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so the "
+                "response lengths gdro.rollout.budget=tokens needs were not read (an unsupported verl version)"
+            )
         if "multipliers" not in result:
             start = time.perf_counter()
-            result["multipliers"] = self._gdro_observe(plan, None)
+            result["multipliers"] = self._gdro_observe(plan, None, result.get("lengths"))
             self._gdro_time += time.perf_counter() - start
         self._gdro_finish_step(plan, result["multipliers"], metrics, self._gdro_per_prompt_metrics(plan, result))
         return batch
 
-    def _gdro_observe(self, plan: _StepPlan, abs_adv: np.ndarray | None) -> np.ndarray:
+    def _gdro_observe(
+        self, plan: _StepPlan, abs_adv: np.ndarray | None, lengths: np.ndarray | None = None
+    ) -> np.ndarray:
         """Feed the controller in canonical order; return the per-session multipliers (canonical order)."""
         o = plan.order
         return self.gdro.observe(
@@ -418,13 +433,25 @@ class GDROTrainerSync(PPOTrainerSync):
             plan.acc[o],
             None if abs_adv is None else abs_adv[o],
             response_visit_ids=plan.session_visit[o],
+            response_length=None if lengths is None else lengths[o],
         )
 
+    @staticmethod
+    def _session_lengths(plan: _StepPlan, data) -> np.ndarray:
+        """Generated tokens per session: its rows' ``response_mask`` summed (all turns; padding skipped)."""
+        row_tokens = data.batch["response_mask"].sum(dim=-1).double().numpy()
+        real = plan.row_session >= 0
+        return np.bincount(plan.row_session[real], weights=row_tokens[real], minlength=len(plan.session_uids))
+
     def _in_advantage_stage(self, plan: _StepPlan, data, batch_keys: list[str], result: dict, adjust: bool) -> None:
-        """The hook inside verl's advantage stage: read each row's score (for the per-prompt metrics), then,
-        if an adversary needs it, zero singleton groups and apply Prompt-GDRO's weights."""
+        """The hook inside verl's advantage stage: read each row's score (for the per-prompt metrics) and each
+        session's token count, then, if an adversary needs it, zero singleton groups and apply Prompt-GDRO's
+        weights."""
+        if list(batch_keys) != plan.keys:
+            raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
         if "token_level_scores" in data.batch.keys():
             result["row_score"] = data.batch["token_level_scores"].sum(dim=-1).double().numpy()
+        result["lengths"] = self._session_lengths(plan, data)
         if adjust:
             self._observe_and_scale(plan, data, batch_keys, result)
 
@@ -444,7 +471,7 @@ class GDROTrainerSync(PPOTrainerSync):
             row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
             abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
             abs_adv = np.nan_to_num(abs_adv, nan=0.0) * self._singleton_factor(plan)
-            observed = self._gdro_observe(plan, abs_adv)
+            observed = self._gdro_observe(plan, abs_adv, result.get("lengths"))
             per_session = np.empty(len(observed), dtype=np.float64)
             per_session[plan.order] = observed
             row_mult[real] *= per_session[plan.row_session[real]]

@@ -111,26 +111,28 @@ class Script:
 
     Deterministic in (index, session, step), so two runs (or a resumed run) see the same outcomes.
     ``fail`` lists (index, session, step) whose agent loop returns no output (a failed session: verl
-    puts no trajectory for it).
+    puts no trajectory for it). ``wrong_filler`` words of working precede a wrong answer, so failures
+    run longer (the token-budget tests); 0 keeps every response the same length.
     """
 
-    def __init__(self, rates: dict[int, float], fail: set[tuple[int, int, int]] | None = None):
+    def __init__(self, rates: dict[int, float], fail: set[tuple[int, int, int]] | None = None, wrong_filler: int = 0):
         self.rates = dict(rates)
         self.fail = set(fail or ())
+        self.wrong_filler = int(wrong_filler)
 
     def correct(self, index: int, session: int, step: int) -> bool:
         h = (index * 73856093) ^ (session * 19349663) ^ (step * 83492791)
         return (h % 1000) / 1000.0 < self.rates[int(index)]
 
-    @staticmethod
-    def response(ground_truth: str, correct: bool) -> str:
+    def response(self, ground_truth: str, correct: bool) -> str:
         if ground_truth in ("A", "B", "C", "D"):
             # Multiple choice: "Answer: (B) option text". Only a letter-aware scorer (data_prep.reward_fn's
             # GPQA path) reads B from it; math_dapo compares the whole line with "B" and says wrong.
             letter = ground_truth if correct else "ABCD"[("ABCD".index(ground_truth) + 1) % 4]
             return f"The option that fits is {letter}.\nAnswer: ({letter}) option {letter}"
         answer = ground_truth if correct else str(int(ground_truth) + 1)
-        return f"Adding three gives {answer}.\nAnswer: {answer}"
+        filler = "" if correct else "so, " * self.wrong_filler
+        return f"{filler}Adding three gives {answer}.\nAnswer: {answer}"
 
 
 # ---------------------------------------------------------------------------------------- agent loop

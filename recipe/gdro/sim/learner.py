@@ -138,6 +138,10 @@ class _LearnerBase:
         self.tau = np.asarray(scenario.skill_transfer(), dtype=np.float64)
         self.skill_freq = np.bincount(self.skill_of, minlength=self.num_skills) / scenario.num_prompts
         self._eval_count = np.bincount(self.eval_skill_of, minlength=self.num_skills).astype(np.float64)
+        # Response-length model per skill (scenario ``length``): mean tokens if correct / wrong, spread σ.
+        self.len_correct = np.array([sk.length.correct for sk in scenario.skills], dtype=np.float64)
+        self.len_wrong = np.array([sk.length.wrong for sk in scenario.skills], dtype=np.float64)
+        self.len_spread = np.array([sk.length.spread for sk in scenario.skills], dtype=np.float64)
         self._sampler_rng = np.random.default_rng([self.seed, 1])
         self._epoch: np.ndarray = np.empty(0, dtype=np.int64)
         self._cursor = 0
@@ -192,7 +196,23 @@ class _LearnerBase:
         rewards = (U[pos, slot] < p[pos]).astype(np.float64)
         # Noise by batch position from its own stream: the same for every method and both learners.
         zeta = np.random.default_rng([self.seed, 3, int(step)]).standard_normal((len(ids), _NOISE_WIDTH))
-        return {"pos": pos, "prompt_ids": ids[pos], "rewards": rewards, "p": p, "zeta": zeta}
+        lengths = self.response_lengths(ids, pos, slot, rewards, step, width)
+        return {"pos": pos, "prompt_ids": ids[pos], "rewards": rewards, "p": p, "zeta": zeta, "lengths": lengths}
+
+    def response_lengths(
+        self, ids: np.ndarray, pos: np.ndarray, slot: np.ndarray, rewards: np.ndarray, step: int, width: int
+    ) -> np.ndarray:
+        """Tokens per response: the skill's correct / wrong mean × exp(σ z - σ²/2), rounded, in [1, max].
+
+        z comes from its own stream by (position, slot), so every method sees the same draws (common
+        random numbers); a response at ``max_response_length`` is a truncated one.
+        """
+        sk = self.skill_of[ids][pos]
+        mean = np.where(rewards > 0.5, self.len_correct[sk], self.len_wrong[sk])
+        sigma = self.len_spread[sk]
+        z = np.random.default_rng([self.seed, 4, int(step)]).standard_normal((len(ids), width))[pos, slot]
+        raw = np.rint(mean * np.exp(sigma * z - 0.5 * sigma**2))
+        return np.clip(raw, 1.0, float(self.sc.max_response_length))
 
     # ------------------------------------------------------------------ advantages
     def grpo_advantages(self, rewards: np.ndarray, group_index: np.ndarray) -> np.ndarray:

@@ -13,7 +13,14 @@ which adversaries are on and, for the ``rollout_gdro_*`` methods, the allocator)
 ``rollout_gdro_knapsack``  Rollout-GDRO with Knapsack-RL's value rule
 ``joint``                  both adversaries (allocator and coupling from the config: verl_ext
                            defaults unless overridden)
+``rollout_gdro_sqrt_tok``  ``rollout_gdro_sqrt`` with ``rollout.budget=tokens`` (expected tokens
+                           <= uniform's); not in the default set
+``joint_tok``              ``joint`` with ``rollout.budget=tokens``; not in the default set
 =========================  ======================================================================
+
+The ``*_tok`` presets pin ``budget=tokens``; the others take ``rollout.budget`` from the config
+(``--set rollout.budget=...``), so ``rollout_gdro_sqrt`` next to ``rollout_gdro_sqrt_tok`` compares
+the two budgets at the default (``rollouts``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
     "joint": {"prompt": {"enable": True}, "rollout": {"enable": True}},
 }
 DEFAULT_METHODS = list(METHOD_PRESETS)
+# Token-budget variants (budget=tokens), for the budget comparison; not part of the default set.
+METHOD_PRESETS["rollout_gdro_sqrt_tok"] = {
+    "prompt": {"enable": False},
+    "rollout": {"enable": True, "allocator": "sqrt", "budget": "tokens"},
+}
+METHOD_PRESETS["joint_tok"] = {"prompt": {"enable": True}, "rollout": {"enable": True, "budget": "tokens"}}
 
 
 def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -91,6 +91,32 @@ def plot_skill_compute_share(res: Mapping[str, Any], out_dir: str) -> str:
     return run_plots.save_figure(fig, os.path.join(out_dir, "skill_compute_share.png"))
 
 
+def plot_token_curves(res: Mapping[str, Any], out_dir: str) -> str:
+    """Tokens per step (from the scenario's length model) and their ratio to the uniform allocation's."""
+    plt = run_plots.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for i, (name, e) in enumerate(res["methods"].items()):
+        steps = np.asarray(e["curves"]["step"])
+        for ax, key, scale in zip(axes, ("tokens_generated", "tokens_ratio_to_uniform"), (1e-3, 1.0), strict=True):
+            m, sd = _curve(e, key)
+            ax.plot(steps, scale * m, color=f"C{i}", label=name, lw=1.2)
+            ax.fill_between(steps, scale * (m - sd), scale * (m + sd), color=f"C{i}", alpha=0.15, lw=0)
+    axes[0].set_title("generated tokens per step (thousands)", fontsize=9)
+    axes[1].set_title("generated / uniform allocation's tokens on the same prompts", fontsize=9)
+    axes[1].axhline(1.0, color="0.3", lw=0.8, ls="--")
+    for ax in axes:
+        ax.set_xlabel("step")
+    axes[1].legend(fontsize=8)
+    n_seeds = len(res["seeds"])
+    fig.suptitle(
+        f"{run_plots.SYNTH_TAG} scenario {res['scenario']['name']}: tokens per step (mean ± std over {n_seeds} "
+        f"seed{'s' if n_seeds > 1 else ''}; failures run longer) — synthetic, not LLM evidence",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    return run_plots.save_figure(fig, os.path.join(out_dir, "token_curves.png"))
+
+
 def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
     """All plots of a simulator output folder (reads results.json and metrics/<method>/seed*.jsonl)."""
     out_dir = out_dir or sim_dir
@@ -98,6 +124,8 @@ def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
     with open(os.path.join(sim_dir, "results.json"), encoding="utf-8") as f:
         res = json.load(f)
     files = [plot_accuracy_curves(res, out_dir), plot_skill_compute_share(res, out_dir)]
+    if all("tokens_generated" in e["curves"] for e in res["methods"].values()):
+        files.append(plot_token_curves(res, out_dir))
     for name, e in res["methods"].items():
         paths = [os.path.join(sim_dir, p) for p in e.get("metrics_files", [])]
         paths = [p for p in paths if os.path.exists(p)]

@@ -59,6 +59,10 @@ SUMMARY_KEYS = (
     "oracle_se_reduction",
     "efficiency",
     "advantage_mass_ratio",
+    "tokens_per_step",
+    "tokens_ratio_to_uniform",
+    "truncation_rate",
+    "accuracy_gain_per_mtoken",
 )
 EXTRA_CURVES = (
     "mu",
@@ -67,6 +71,8 @@ EXTRA_CURVES = (
     "true_variance_reduction",
     "oracle_se_reduction",
     "advantage_mass_ratio",
+    "tokens_generated",
+    "tokens_ratio_to_uniform",
 )
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
 
@@ -94,7 +100,7 @@ def run_one(
     steps = int(steps or scenario.steps)
     gdro_dict = build_gdro_dict(scenario, preset if preset is not None else method, overrides or {}, seed)
     cfg = gdro_config_from_dict(gdro_dict)
-    ctl = GDROController(cfg, scenario.num_prompts)
+    ctl = GDROController(cfg, scenario.num_prompts, max_response_length=scenario.max_response_length)
     learner_name = learner
     learner = make_learner(learner_name, scenario, seed, lr=scenario.lr * float(lr_scale))
     S = learner.num_skills
@@ -112,6 +118,7 @@ def run_one(
     skill_rollouts = np.zeros(S)
     skill_prompts = np.zeros(S)
     total_rollouts = 0
+    token_totals = (0.0, 0.0, 0.0)  # generated, uniform expectation, truncated responses
     if metrics_path and os.path.exists(metrics_path):
         os.remove(metrics_path)
     r_cfg = cfg.rollout
@@ -123,7 +130,12 @@ def run_one(
         q = allocation_quality(counts, learner.true_variance(ids), r_cfg.n_mean, r_cfg.n_min, r_cfg.n_max)
         roll = learner.rollout(ids, counts, t)
         adv = learner.grpo_advantages(roll["rewards"], roll["prompt_ids"])
-        mult = ctl.observe(roll["prompt_ids"], roll["rewards"] > 0.5, response_abs_advantage=np.abs(adv))
+        mult = ctl.observe(
+            roll["prompt_ids"],
+            roll["rewards"] > 0.5,
+            response_abs_advantage=np.abs(adv),
+            response_length=roll["lengths"],
+        )
         learner.update(ids, roll, adv, mult)
 
         ev = learner.evaluate()
@@ -144,6 +156,7 @@ def run_one(
         extra["oracle_se_reduction"][t] = q["oracle_se_reduction"]
         abs_mass = float(np.abs(adv).sum())
         extra["advantage_mass_ratio"][t] = float(np.abs(adv * mult).sum() / abs_mass) if abs_mass > 0 else 1.0
+        token_totals = _record_tokens(extra, t, m, token_totals)
 
         if metrics_path:
             rec = dict(m)
@@ -175,6 +188,7 @@ def run_one(
     # Share of the oracle's achievable SE reduction obtained, over the window (ratio of means).
     summary["efficiency"] = se / orc if orc > 1e-12 else float("nan")
     summary["advantage_mass_ratio"] = float(np.mean(extra["advantage_mass_ratio"][1:]))
+    summary.update(_token_summary(token_totals, steps, curves["mean_accuracy"], total_rollouts))
     return {
         "method": method,
         "seed": int(seed),
@@ -190,6 +204,29 @@ def run_one(
         "skill_compute_share": (skill_rollouts / max(skill_rollouts.sum(), 1.0)).tolist(),
         "skill_data_share": (skill_prompts / max(skill_prompts.sum(), 1.0)).tolist(),
         "skill_rollouts_per_prompt": (skill_rollouts / np.maximum(skill_prompts, 1.0)).tolist(),
+    }
+
+
+def _record_tokens(extra: dict, t: int, m: Mapping[str, float], totals: tuple) -> tuple:
+    """Per-step token curves from the controller's ``gdro/tokens/*`` metrics; running totals."""
+    generated = m["gdro/tokens/generated"]
+    extra["tokens_generated"][t] = generated
+    extra["tokens_ratio_to_uniform"][t] = m["gdro/tokens/ratio_to_uniform"]
+    rollouts = generated / max(m["gdro/tokens/mean_response_length"], 1e-300)
+    truncated = m.get("gdro/tokens/truncation_rate", 0.0) * rollouts
+    return totals[0] + generated, totals[1] + m["gdro/tokens/uniform_expected"], totals[2] + truncated
+
+
+def _token_summary(totals: tuple, steps: int, mean_accuracy: np.ndarray, total_rollouts: int) -> dict[str, float]:
+    """Tokens per step, Σ generated / Σ uniform expectation, truncation, and accuracy gained per 10⁶ tokens."""
+    generated, uniform, truncated = totals
+    return {
+        "tokens_per_step": generated / steps,
+        "tokens_ratio_to_uniform": generated / uniform if uniform > 0 else float("nan"),
+        "truncation_rate": truncated / max(total_rollouts, 1),
+        "accuracy_gain_per_mtoken": (float(mean_accuracy[-1]) - float(mean_accuracy[0])) / generated * 1e6
+        if generated > 0
+        else float("nan"),
     }
 
 
@@ -513,6 +550,27 @@ def outcome_lines(res: Mapping[str, Any], baseline: str = "grpo", baseline_label
     return out
 
 
+TOKENS_HEADER = (
+    "| method | tokens / step | vs GRPO (%) | ratio to uniform | truncated (%) | mean acc. (%) "
+    "| acc. gain per 10⁶ tokens (points) |"
+)
+
+
+def tokens_table(res: Mapping[str, Any], baseline: str = "grpo") -> str:
+    """Tokens per step (against GRPO), Σ generated / Σ uniform expectation, and accuracy per token."""
+    lines = [TOKENS_HEADER, "|" + "---|" * (TOKENS_HEADER.count("|") - 1)]
+    base = res["methods"].get(baseline, {}).get("tokens_per_step")
+    for name, e in res["methods"].items():
+        vs = f"{100 * (e['tokens_per_step'] / base - 1):+.1f}" if base else "–"
+        lines.append(
+            f"| {name} | {e['tokens_per_step']:.0f} ± {e['tokens_per_step_std']:.0f} | {vs} "
+            f"| {e['tokens_ratio_to_uniform']:.3f} ± {e['tokens_ratio_to_uniform_std']:.3f} "
+            f"| {_pct(e['truncation_rate'])} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} "
+            f"| {100 * e['accuracy_gain_per_mtoken']:.3f} ± {100 * e['accuracy_gain_per_mtoken_std']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def skills_table(res: Mapping[str, Any]) -> str:
     """Per-skill final accuracy and compute share vs data share per method."""
     skills = res["scenario"]["skills"]
@@ -564,6 +622,15 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
         "## Outcome per method (synthetic learner)",
         "",
         *(outcome_lines(res) or ["- (GRPO not run: no paired comparison)"]),
+        "",
+        "## Tokens (synthetic learner)",
+        "",
+        "Tokens from the scenario's length model (failures run longer). Ratio to uniform = Σ generated / "
+        "Σ n̄·(each prompt's mean length that step), the tokens uniform allocation would have generated on "
+        "the same prompts (1 for GRPO). Accuracy gain per 10⁶ tokens = (final − initial mean accuracy) / "
+        "tokens generated.",
+        "",
+        tokens_table(res),
         "",
         "## Per skill: final accuracy / share of all rollouts (synthetic learner)",
         "",
