@@ -28,6 +28,7 @@ UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
 NORMALIZE_MODES = ("advantage_mass", "all_responses")
 VARIANCE_SOURCES = ("bin", "prompt")
+SCORE_INITS = ("first_observation", "zero")
 
 
 class GDROConfigError(ValueError):
@@ -71,11 +72,17 @@ class BinnerConfig:
             in the bin that contains ``unseen_prior``. Never "hardest bin" (the released code's
             accuracy-0 default makes every fresh prompt look maximally hard).
         unseen_prior: prior accuracy used by ``unseen=prior``.
+        half_life: recency weighting of a prompt's visits, in visits. ``null`` (default): the
+            plain mean over the last ``window`` visits. A number h: every visit of the prompt so
+            far, the one j visits ago weighted 2^(-j/h), so p̂ follows a prompt the model is
+            learning instead of averaging over its whole history (with H = 50, a 1,000-step DAPO
+            run visits a prompt ~18 times, so the window never fills); ``window`` is then unused.
     """
 
     num_bins: int = 10
     bin_edges: list[float] | None = None
     window: int = 50
+    half_life: float | None = None
     hysteresis: float = 0.0
     unseen: str = "own_bin"
     unseen_prior: float = 0.5
@@ -100,6 +107,8 @@ class BinnerConfig:
         if self.unseen not in UNSEEN_MODES:
             _fail("binner.unseen", self.unseen, f"must be one of {UNSEEN_MODES}")
         _check_unit("binner.unseen_prior", self.unseen_prior)
+        if self.half_life is not None:
+            _check_positive("binner.half_life", self.half_life)
 
     def edges(self) -> list[float]:
         """The K+1 bin edges in use."""
@@ -134,7 +143,12 @@ class PromptGDROConfig:
         min_group_prompts: k0, evidence pseudo-count. A bin with c prompts in the batch moves
             its score by β·c/(c+k0) of the way to its debiased loss (c/(c+k0) at its first
             observation, from the batch's reference level), so a bin holding one prompt, or the
-            few unseen prompts left after an epoch, cannot swing a weight. 0 = Eq. 14 as printed.
+            few unseen prompts left after an epoch, cannot swing a weight. 0 = no evidence
+            weighting (Eq. 14 as printed needs ``score_init=zero`` too).
+        score_init: where a bin's score starts. ``first_observation`` (default): the bin's first
+            observation sets it (shrunk toward the batch's reference level), so a bin first seen
+            late is not under-weighted for ~1/β steps. ``zero``: the paper's S_0(b) = 0, every
+            observation an EMA step; with ``min_group_prompts=0`` this is Eq. 14 as printed.
     """
 
     enable: bool = False
@@ -149,10 +163,13 @@ class PromptGDROConfig:
     normalize: str = "advantage_mass"
     lagged: bool = False
     min_group_prompts: float = 8.0
+    score_init: str = "first_observation"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             _fail("prompt.enable", self.enable, "must be true or false")
+        if self.score_init not in SCORE_INITS:
+            _fail("prompt.score_init", self.score_init, f"must be one of {SCORE_INITS}")
         if not isinstance(self.lagged, bool):
             _fail("prompt.lagged", self.lagged, "must be true or false")
         if self.normalize not in NORMALIZE_MODES:
