@@ -34,6 +34,32 @@ def test_windowed_accuracy_and_eviction():
     assert b.visits_of([1])[0] == 6
 
 
+def test_half_life_weights_visits_by_recency_and_round_trips():
+    """binner.half_life = h: the visit j visits ago weighs 2^(-j/h), over every visit (no window)."""
+    h = 3.0
+    b = OnlineDifficultyBinner(BinnerConfig(window=2, half_life=h), num_prompts=4)
+    visits = [(0, 4), (0, 4), (1, 4), (6, 8), (8, 8)]
+    for c, n in visits:
+        b.update([2], [c], [n])
+    w = 0.5 ** (np.arange(len(visits))[::-1] / h)
+    c_sum, n_sum = (w * [v[0] for v in visits]).sum(), (w * [v[1] for v in visits]).sum()
+    assert b.accuracy_of([2])[0] == pytest.approx(c_sum / n_sum)
+    k, m = b.window_sums([2])
+    assert k[0] == pytest.approx(c_sum) and m[0] == pytest.approx(n_sum)
+    assert b.groups_of([2])[0] == int(10 * c_sum / n_sum)  # binned on the recency-weighted p̂
+    windowed = OnlineDifficultyBinner(BinnerConfig(window=2), num_prompts=4)
+    for c, n in visits:
+        windowed.update([2], [c], [n])
+    assert windowed.accuracy_of([2])[0] == pytest.approx(14 / 16)  # null: the last 2 visits only
+    fresh = OnlineDifficultyBinner(BinnerConfig(window=2, half_life=h), num_prompts=4)
+    fresh.load_state_dict(b.state_dict())
+    fresh.update([2], [0], [4])
+    b.update([2], [0], [4])
+    assert fresh.accuracy_of([2])[0] == b.accuracy_of([2])[0]
+    with pytest.raises(ValueError, match="half_life"):
+        windowed.load_state_dict(b.state_dict())
+
+
 def test_counts_not_any_correct():
     """A prompt solved once in 12 tries must not look like one solved 2 of 2 times."""
     b = OnlineDifficultyBinner(BinnerConfig(), num_prompts=2)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
-ALLOCATORS = ("sqrt", "bandit", "knapsack", "uniform")
+ALLOCATORS = ("sqrt", "hedge", "bandit", "knapsack", "uniform")  # bandit: the earlier name of hedge
 UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
 NORMALIZE_MODES = ("advantage_mass", "all_responses")
@@ -195,9 +195,10 @@ class RolloutGDROConfig:
 
     Attributes:
         enable: schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``.
-        allocator: ``sqrt`` (square-root law via the shadow price), ``bandit`` (the paper's
-            per-bin EXP3P over arms with an exact-budget DP), ``knapsack`` (Knapsack-RL's value
-            rule), ``uniform``.
+        allocator: ``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin
+            full-information Hedge over arms with an exact-budget DP; not the paper's EXP3P, see
+            :mod:`verl_ext.rollout_gdro`; ``bandit`` is its earlier name and runs the same code),
+            ``knapsack`` (Knapsack-RL's value rule), ``uniform``.
         n_mean: n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The
             recipe ties it to ``actor_rollout_ref.rollout.n``.
         n_min: smallest count for any prompt; at least 2 (a GRPO group of one gets its raw
@@ -216,7 +217,7 @@ class RolloutGDROConfig:
             toward v_b (see :meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`).
         variance_shrinkage: κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.
         bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
-            bin), exploration and EMA rate of the ``bandit`` allocator's per-(bin, arm) scores.
+            bin), exploration and EMA rate of the ``hedge`` allocator's per-(bin, arm) scores.
         seed: RNG seed (the bandit's exploration; ties).
     """
 
