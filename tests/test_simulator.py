@@ -149,13 +149,49 @@ def test_reproducible_for_a_fixed_seed(tmp_path):
         assert np.array_equal(x["curves"][key], y["curves"][key], equal_nan=True), key
 
 
-def test_methods_share_batches_and_reward_draws():
-    """Common random numbers: with the same seed, GRPO and Prompt-GDRO see the same first step."""
+def test_methods_share_batches_and_reward_draws(monkeypatch):
+    """Common random numbers: with the same seed every method sees the same batches, the same
+    noise, and rewards coupled through the same uniform draw per (position, slot) — so where a
+    method's pass rate p is lower, its reward is never 1 where the other's is 0."""
+    from recipe.gdro.sim import learner as learner_mod
+
+    calls: dict[str, list] = {}
+    real = learner_mod._LearnerBase.rollout
+
+    def recording(self, ids, counts, step):
+        out = real(self, ids, counts, step)
+        calls.setdefault(self._method, []).append((ids.copy(), np.asarray(counts).copy(), out))
+        return out
+
+    monkeypatch.setattr(learner_mod._LearnerBase, "rollout", recording)
+    real_init = learner_mod._LearnerBase.__init__
     sc = tiny()
-    a = run_one(sc, "grpo", seed=0, steps=1)
-    b = run_one(sc, "prompt_gdro", seed=0, steps=1)
-    # before any update the held-out accuracy is identical (same dataset for the same seed)
-    assert a["curves"]["mean_accuracy"][0] == b["curves"]["mean_accuracy"][0]
+    for method in ("grpo", "prompt_gdro", "rollout_gdro_sqrt"):
+
+        def init(self, *a, _m=method, **k):
+            real_init(self, *a, **k)
+            self._method = _m
+
+        monkeypatch.setattr(learner_mod._LearnerBase, "__init__", init)
+        run_one(sc, method, seed=0, steps=16)  # > one epoch (10 steps): GDRO acts once prompts are seen
+    base = calls["grpo"]
+    assert len(base) == 16
+    for method in ("prompt_gdro", "rollout_gdro_sqrt"):
+        other = calls[method]
+        differ = 0
+        for (ids_a, n_a, a), (ids_b, n_b, b) in zip(base, other, strict=True):
+            assert np.array_equal(ids_a, ids_b)  # same batches
+            assert np.array_equal(a["zeta"], b["zeta"])  # same noise by batch position
+            for i in range(len(ids_a)):
+                k = min(n_a[i], n_b[i])
+                ra = a["rewards"][a["pos"] == i][:k]
+                rb = b["rewards"][b["pos"] == i][:k]
+                # Same uniform U per slot: r = 1[U < p]. r_a > r_b needs p_a > p_b, and vice versa.
+                assert not np.any((ra > rb) & (a["p"][i] <= b["p"][i]))
+                assert not np.any((rb > ra) & (b["p"][i] <= a["p"][i]))
+            differ += int(not np.array_equal(a["p"], b["p"]))
+        assert differ > 0  # the policies did diverge, so the coupling was exercised
+    assert not np.array_equal(calls["grpo"][-1][1], calls["rollout_gdro_sqrt"][-1][1])  # counts differ
 
 
 # ------------------------------------------------------------------------------------ plotting
