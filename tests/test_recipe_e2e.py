@@ -607,3 +607,28 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     assert rows[0].step == 2 and rows[0].k == 2 and rows[0].pass_source == "exact"
     assert rows[0].columns["MATH500"] == 1.0 and rows[0].columns["Minerva"] == 1.0
     assert rows[0].columns["AIME"] == pytest.approx((0.0 + records[1]["val-core/aime2025/acc/mean@2"]) / 2)
+
+
+def test_large_n_max_runs_end_to_end_with_budget_and_batch_shape(tq_session, tmp_path_factory, tokenizer):
+    """n_max = 32 at n̄ = 4 (8× a uniform share; the default 12 caps a prompt at 3×): one mixed prompt
+    among five solved-or-unsolvable ones gets more than 12 rollouts, Σ n stays B·n̄ and verl's
+    mini-batches stay whole."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    script = S.Script({0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0, 4: 0.5, 5: 1.0})
+    work = new_work(tmp_path_factory, "nmax32")
+    extra = (
+        "gdro.rollout.enable=true",
+        "gdro.rollout.n_max=32",
+        "gdro.rollout.variance_source=prompt",
+        "gdro.binner.num_bins=4",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+    )
+    config = make_config(work, *extra, batch=6, steps=3)
+    trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    run = {"manager": manager, "trainer": trainer}
+    replay_and_check(run, script, [1, 2, 3], shadow_controller(config), rollout=True)
+    counts = [b["rollout_n"] for b in manager.batches]
+    assert all(sum(c) == 6 * N_MEAN and min(c) >= 2 and max(c) <= 32 for c in counts)
+    assert max(max(c) for c in counts) > 12, counts
