@@ -609,3 +609,26 @@ def test_rolling_is_a_trailing_nan_mean():
     got = gdro_plot.rolling(x, 2)
     want = np.array([[1.0, 1.0, 3.0, 4.0], [np.nan, np.nan, 2.0, 3.0]])
     assert np.allclose(got, want, equal_nan=True)
+
+
+def test_plot_refuses_bad_inputs_before_writing(tmp_path, capsys):
+    """--out on an existing file, a parquet input, and a run with no per-bin data: a named error, exit
+    2, and no output folder left behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run" / "gdro_metrics.jsonl"
+    _fake_training_run(str(run))
+    taken = tmp_path / "taken.png"
+    taken.write_text("x")
+    assert gdro_plot.main([str(run), "--out", str(taken)]) == 2
+    assert f"--out {taken} is an existing file" in capsys.readouterr().err
+    parquet = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"a": [1]}), parquet)
+    assert gdro_plot.main([str(parquet), "--out", str(tmp_path / "p")]) == 2
+    assert f"{parquet}: is a parquet file" in capsys.readouterr().err and not (tmp_path / "p").exists()
+    bare = tmp_path / "bare.jsonl"
+    append_metrics_jsonl(str(bare), 1, {"gdro/mu": 0.1})
+    assert gdro_plot.main([str(bare), "--out", str(tmp_path / "empty")]) == 2
+    assert "no per-bin GDRO metrics" in capsys.readouterr().err
+    assert not (tmp_path / "empty").exists()
