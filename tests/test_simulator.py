@@ -632,3 +632,63 @@ def test_plot_refuses_bad_inputs_before_writing(tmp_path, capsys):
     assert gdro_plot.main([str(bare), "--out", str(tmp_path / "empty")]) == 2
     assert "no per-bin GDRO metrics" in capsys.readouterr().err
     assert not (tmp_path / "empty").exists()
+
+
+def _sim_cmd(out, *extra):
+    return [sys.executable, "-m", "recipe.gdro.sim.simulate", "--out", str(out), "--no-plots", "--quiet", *extra]
+
+
+def test_simulate_refuses_an_out_file_and_zero_workers(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for argv, fragment in (
+        (_sim_cmd(taken, "--steps", "1", "--seeds", "1"), f"--out {taken} is an existing file"),
+        (_sim_cmd(tmp_path / "o", "--workers", "0"), "--workers 0 must be >= 1"),
+    ):
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert taken.read_text() == "x" and not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_stops_the_simulator_at_once_and_keeps_the_old_outputs(tmp_path):
+    """SIGINT mid-run: exit 130 within seconds, no traceback, the previous outputs untouched and no
+    partial folder left (the run writes into a temporary sibling folder, moved into place at the end)."""
+    import signal
+    import time
+
+    out = tmp_path / "sim"
+    out.mkdir()
+    (out / "report.md").write_text("OLD REPORT")
+    argv = _sim_cmd(out, "--scenario", "dapo_like", "--steps", "3000", "--seeds", "2", "--workers", "2")
+    # Default SIGINT handling in the child even when this test runs in the background (where a
+    # shell sets SIGINT to ignored, and the child would inherit that).
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until the workers are writing step metrics
+            if any(p.stat().st_size > 0 for p in tmp_path.glob(".sim.partial-*/metrics/*/*.jsonl")):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the simulator wrote no metrics within 240 s")
+        sent = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        stopped_after = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in err
+    assert stopped_after < 8, stopped_after
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"] and (out / "report.md").read_text() == "OLD REPORT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim"]  # no partial or backup folder left
