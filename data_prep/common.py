@@ -238,9 +238,15 @@ def read_local(path: str | os.PathLike) -> Source:
     bad row rather than aborting the read.
     """
     path = Path(path)
+    if path.is_dir():
+        raise DataPrepError(f"input is a directory, not a file: {path} (give the .parquet, .jsonl or .json file)")
     if not path.is_file():
         raise DataPrepError(f"input file not found: {path}")
     suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        with open(path, "rb") as f:
+            if f.read(4) == b"PAR1":
+                raise DataPrepError(f"{path}: is a parquet file, not {suffix[1:].upper()} text; rename it to .parquet")
     if suffix == ".parquet":
         try:
             pf = pq.ParquetFile(path)
@@ -262,8 +268,9 @@ def read_local(path: str | os.PathLike) -> Source:
     if suffix in (".jsonl", ".json"):
         rows: list[Record] = []
         if suffix == ".jsonl":
-            with open(path, encoding="utf-8") as f:
-                for lineno, line in enumerate(f, start=1):
+            with open(path, "rb") as f:
+                for lineno, raw in enumerate(f, start=1):
+                    line = _decode_line(path, raw, lineno)
                     if not line.strip():
                         continue
                     row = len(rows)
@@ -273,11 +280,19 @@ def read_local(path: str | os.PathLike) -> Source:
                         data = _BadJson(f"invalid JSON: {e.msg}")
                     rows.append(Record(row, data, _record_where(row, lineno)))
         else:
-            with open(path, encoding="utf-8") as f:
-                try:
-                    items = json.load(f)
-                except json.JSONDecodeError as e:
-                    raise DataPrepError(f"{path}: invalid JSON: {e}") from e
+            with open(path, "rb") as f:
+                blob = f.read()
+            try:
+                text = blob.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line = blob[: e.start].count(b"\n") + 1
+                raise DataPrepError(
+                    f"{path}: line {line}: not UTF-8 text (byte 0x{blob[e.start]:02x} at byte offset {e.start})"
+                ) from None
+            try:
+                items = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise DataPrepError(f"{path}: invalid JSON: {e}") from e
             if not isinstance(items, list):
                 raise DataPrepError(f"{path}: expected a JSON list of row objects")
             rows = [Record(i, item, _record_where(i)) for i, item in enumerate(items)]
@@ -287,6 +302,16 @@ def read_local(path: str | os.PathLike) -> Source:
                 columns.extend(k for k in rec.data if k not in columns)
         return Source(str(path), columns, iter(rows))
     raise DataPrepError(f"unsupported input format {suffix!r} for {path} (use .parquet, .jsonl or .json)")
+
+
+def _decode_line(path: Path, raw: bytes, lineno: int) -> str:
+    """One JSONL line as text; a byte that is not UTF-8 is an input error naming the file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataPrepError(
+            f"{path}: line {lineno}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+        ) from None
 
 
 class _BadJson(dict):

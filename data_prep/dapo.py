@@ -242,10 +242,10 @@ def main(argv=None) -> int:
         write_parquet_atomic(to_table(records, metadata), out)
     except DataPrepError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     except OSError as e:  # unreadable input, disk full, ...: any earlier output file is left intact
         print(f"error: {e} (no partial output left behind)", file=sys.stderr)
-        return 1
+        return 2
     print(summary.line())
     print(f"wrote {out}")
     return 0

@@ -277,10 +277,10 @@ def main(argv=None) -> int:
             write_parquet_atomic(to_table(records, metadata), out_dir / f"{spec.name}.parquet")
     except DataPrepError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     except OSError as e:  # unreadable input, disk full, ...: any earlier output file is left intact
         print(f"error: {e} (no partial output left behind)", file=sys.stderr)
-        return 1
+        return 2
     for spec, _, summary in results:
         print(summary.line())
     print(f"wrote {len(results)} set(s) to {out_dir}: {', '.join(s.name + '.parquet' for s, _, _ in results)}")

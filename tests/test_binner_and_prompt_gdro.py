@@ -34,6 +34,32 @@ def test_windowed_accuracy_and_eviction():
     assert b.visits_of([1])[0] == 6
 
 
+def test_half_life_weights_visits_by_recency_and_round_trips():
+    """binner.half_life = h: the visit j visits ago weighs 2^(-j/h), over every visit (no window)."""
+    h = 3.0
+    b = OnlineDifficultyBinner(BinnerConfig(window=2, half_life=h), num_prompts=4)
+    visits = [(0, 4), (0, 4), (1, 4), (6, 8), (8, 8)]
+    for c, n in visits:
+        b.update([2], [c], [n])
+    w = 0.5 ** (np.arange(len(visits))[::-1] / h)
+    c_sum, n_sum = (w * [v[0] for v in visits]).sum(), (w * [v[1] for v in visits]).sum()
+    assert b.accuracy_of([2])[0] == pytest.approx(c_sum / n_sum)
+    k, m = b.window_sums([2])
+    assert k[0] == pytest.approx(c_sum) and m[0] == pytest.approx(n_sum)
+    assert b.groups_of([2])[0] == int(10 * c_sum / n_sum)  # binned on the recency-weighted p̂
+    windowed = OnlineDifficultyBinner(BinnerConfig(window=2), num_prompts=4)
+    for c, n in visits:
+        windowed.update([2], [c], [n])
+    assert windowed.accuracy_of([2])[0] == pytest.approx(14 / 16)  # null: the last 2 visits only
+    fresh = OnlineDifficultyBinner(BinnerConfig(window=2, half_life=h), num_prompts=4)
+    fresh.load_state_dict(b.state_dict())
+    fresh.update([2], [0], [4])
+    b.update([2], [0], [4])
+    assert fresh.accuracy_of([2])[0] == b.accuracy_of([2])[0]
+    with pytest.raises(ValueError, match="half_life"):
+        windowed.load_state_dict(b.state_dict())
+
+
 def test_counts_not_any_correct():
     """A prompt solved once in 12 tries must not look like one solved 2 of 2 times."""
     b = OnlineDifficultyBinner(BinnerConfig(), num_prompts=2)
@@ -106,12 +132,45 @@ def test_nonfinite_rewards_count_as_incorrect_and_are_reported():
     assert ctl.metrics()["gdro/binner/nonfinite_rewards"] == 2
 
 
-def test_update_is_independent_of_dataset_size():
-    """Only batch rows change: state of prompts outside the batch is untouched."""
-    b = OnlineDifficultyBinner(BinnerConfig(), num_prompts=1_000_000)
+def _peak_bytes(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("half_life", [None, 4.0])
+def test_update_is_independent_of_dataset_size(half_life):
+    """O(batch): a step allocates the same memory for 1,000 or 1,000,000 prompts (an O(P) copy or
+    scan of a 1M-prompt table would allocate >= 1 MB), and only the batch's rows change."""
+    cfg = gdro_config_from_dict(
+        {"binner": {"half_life": half_life}, "prompt": {"enable": True}, "rollout": {"enable": True}}
+    )
+    rng = np.random.default_rng(0)
+    ids = rng.choice(1000, 256, replace=False)
+    correct = rng.integers(0, 5, 256)
+    peaks = {}
+    for num_prompts in (1000, 1_000_000):
+        ctl = GDROController(cfg, num_prompts)
+        ctl.observe(np.repeat(ids, 4), np.repeat(correct, 4) > rng.integers(0, 4, 1024), rng.random(1024))
+
+        def step(ctl=ctl):
+            n = ctl.schedule(ids)
+            rp = np.repeat(ids, n)
+            ctl.observe(rp, rng.random(len(rp)) < 0.5, rng.random(len(rp)))
+
+        step()  # warm caches (first-touch of lazily mapped pages is not an allocation anyway)
+        peaks[num_prompts] = _peak_bytes(step)
+    assert peaks[1_000_000] < 1.5 * peaks[1000] + 64_000, peaks
+    b = OnlineDifficultyBinner(BinnerConfig(half_life=half_life), num_prompts=1_000_000)
     b.update([999_999, 3], [1, 0], [4, 4])
     assert b.seen_fraction() == pytest.approx(2 / 1_000_000)
     assert b.groups_of([999_999, 3, 4]).tolist() == [2, 0, 10]
+    assert np.count_nonzero(b._meta[:, 2]) == 2  # visits recorded for the batch rows only
 
 
 # ---------------------------------------------------------------- Prompt-GDRO
@@ -202,14 +261,46 @@ def test_joint_coupling_divides_by_allocation():
 
 
 def test_adversary_weight_metric_is_relative_to_groups_in_batch():
-    ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 100)
+    """adversary_weight = q(b) / mean q over the groups present in the batch; absent groups (here
+    `unseen`, which keeps its last score after every prompt was seen) get no entry and do not
+    count in the mean."""
+    ctl = GDROController(gdro_config_from_dict({"prompt": {"enable": True}}), 64)
     rng = np.random.default_rng(0)
-    for _ in range(6):
-        ids = rng.choice(100, 16, replace=False)
-        ctl.observe(np.repeat(ids, 4), rng.random(64) < 0.5, rng.random(64))
+    p_true = np.linspace(0.05, 0.95, 64)
+    ids = np.arange(64)
+    for _ in range(4):
+        ctl.observe(np.repeat(ids, 4), rng.random(256) < np.repeat(p_true, 4), rng.random(256))
+    batch = rng.choice(64, 16, replace=False)
+    ctl.observe(np.repeat(batch, 4), rng.random(64) < np.repeat(p_true[batch], 4), rng.random(64))
     m = ctl.metrics()
-    present = [k for k in m if k.endswith("/adversary_weight")]
-    shares = [m[k.replace("adversary_weight", "data_share")] for k in present]
-    assert all(s > 0 for s in shares)
-    assert np.mean([m[k] for k in present]) == pytest.approx(1.0)
+    q = ctl.prompt.group_probabilities()
+    names = ctl.group_names()
+    present = sorted({names[g] for g in ctl.binner.groups_of(batch)})  # after the update: may have moved
+    in_batch = [n for n in names if m[f"gdro/{n}/data_share"] > 0]
+    assert "unseen" not in in_batch and "gdro/unseen/adversary_weight" not in m
+    mean_q = np.mean([q[names.index(n)] for n in in_batch])
+    for n in in_batch:
+        assert m[f"gdro/{n}/adversary_weight"] == pytest.approx(q[names.index(n)] / mean_q)
+        assert m[f"gdro/{n}/adversary_prob"] == pytest.approx(q[names.index(n)])
+    assert sorted(k.split("/")[1] for k in m if k.endswith("/adversary_weight")) == sorted(in_batch)
+    # Dividing by the mean over all groups instead would differ: unseen's q is not the batch mean.
+    assert abs(q[names.index("unseen")] - mean_q) > 1e-3
+    assert present  # the batch's prompts are binned
     assert sum(m[k] for k in m if k.endswith("/adversary_prob")) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("num_groups, equal_ratio", [(3, 20.9), (2, 20.3), (11, 21.95)])
+def test_share_division_adds_a_rare_bin_bias(num_groups, equal_ratio):
+    """docs/controllers.md's figures: ℓ̄/q̂ up-weights a bin because it is rare. 8 of 256 prompts,
+    scores converged at the defaults: equal loss 0.2 gives it ~21× the common bin's q; 4× lower
+    loss (0.05 against 0.2) still 2.45×."""
+    groups = np.array([0] * 8 + [1] * 248)
+
+    def ratio(rare_loss):
+        pg = PromptGDRO(PromptGDROConfig(enable=True), num_groups=num_groups)
+        for _ in range(300):
+            q = pg.update(groups, np.where(groups == 0, rare_loss, 0.2))
+        return q[0] / q[1]
+
+    assert ratio(0.2) == pytest.approx(equal_ratio, abs=0.05)
+    assert ratio(0.05) == pytest.approx(2.45, abs=0.01)

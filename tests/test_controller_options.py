@@ -97,8 +97,12 @@ def test_lagged_weights_use_scores_before_the_update():
         m_lag = lag.observe(rp, acc, a)
         m_live = live.observe(rp, acc, a)
         raw = q_before[groups]
+        q_after = live.prompt.group_probabilities()
         np.testing.assert_allclose(m_lag, np.minimum(raw / raw.mean(), 15.0))
-        np.testing.assert_allclose(m_live, lag.prompt.response_multipliers(groups))  # same scores, unlagged
+        live_raw = q_after[groups]
+        np.testing.assert_allclose(m_live, np.minimum(live_raw / live_raw.mean(), 15.0))  # post-update q
+        # Lagging changes which q scales the step, not what the adversary learns.
+        np.testing.assert_allclose(lag.prompt.group_probabilities(), q_after)
     assert not np.allclose(m_lag, m_live)
 
 
@@ -201,6 +205,40 @@ def test_score_starts_from_a_bins_first_observation():
     pg.update(np.ones(20, dtype=np.int64), np.full(20, 0.2))  # bin 1 first seen at step 11
     assert pg.scores[1] == pytest.approx(0.2)
     assert pg.scores[2] == 0.0 and not pg.observed[2]
+
+
+def test_eq14_as_printed_with_score_init_zero():
+    """score_init=zero, min_group_prompts=0: S_0 = 0, S_t(b) = (1-β) S_{t-1}(b) + β ℓ̄_t(b)/q̂_t(b) for
+    the bins present (absent bins keep their score), q by Eq. 15-16, retraced by hand."""
+    cfg = PromptGDROConfig(enable=True, min_group_prompts=0, score_init="zero")
+    pg = PromptGDRO(cfg, num_groups=4)
+    rng = np.random.default_rng(7)
+    s = np.zeros(4)
+    for t in range(12):
+        groups = rng.choice([0, 1, 2] if t < 5 else [0, 1, 2, 3], size=64, p=None)
+        losses = rng.random(64) * 0.25
+        q = pg.update(groups, losses)
+        for b in np.unique(groups):
+            share = max(np.mean(groups == b), cfg.share_floor)
+            s[b] = (1 - cfg.beta) * s[b] + cfg.beta * losses[groups == b].mean() / share
+        np.testing.assert_allclose(pg.scores, s, rtol=1e-12, atol=1e-15)
+        w = np.exp(cfg.eta * np.clip(s, -cfg.score_clip, cfg.score_clip))
+        np.testing.assert_allclose(q, (1 - cfg.gamma) * w / w.sum() + cfg.gamma / 4, rtol=1e-12)
+        if t == 5:  # bin 3 first seen at t = 5: one EMA step from 0, not its observation
+            assert s[3] == pytest.approx(cfg.beta * losses[groups == 3].mean() / np.mean(groups == 3))
+    # min_group_prompts=0 alone is not Eq. 14: the first observation sets the score.
+    first = PromptGDRO(PromptGDROConfig(enable=True, min_group_prompts=0), num_groups=2)
+    first.update(np.zeros(8, dtype=np.int64), np.full(8, 0.2))
+    zero = PromptGDRO(cfg, num_groups=2)
+    zero.update(np.zeros(8, dtype=np.int64), np.full(8, 0.2))
+    assert first.scores[0] == pytest.approx(0.2) and zero.scores[0] == pytest.approx(cfg.beta * 0.2)
+
+
+def test_score_init_is_validated():
+    from verl_ext import GDROConfigError
+
+    with pytest.raises(GDROConfigError, match=r"gdro\.prompt\.score_init"):
+        gdro_config_from_dict({"prompt": {"score_init": "zeros"}})
 
 
 # ---------------------------------------------------------------- item 7: released bin edges

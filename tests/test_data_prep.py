@@ -882,3 +882,54 @@ def test_reward_fn_through_verl_config_and_naive_reward_manager(tokenizer):
         result = manager.loop.run_until_complete(manager.run_single(data))
         assert result["reward_score"] == expected, (data_source, response, result)
         assert result["reward_extra_info"]["acc"] is (expected > 0)
+
+
+# ---------------------------------------------------------------- unreadable inputs (issue 18, items 16-17)
+def _raw_jsonl_bytes() -> bytes:
+    return b"".join(json.dumps(raw_row(i, p, a)).encode() + b"\n" for i, (p, a) in enumerate(PROBLEMS))
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_non_utf8_input_is_a_one_line_error_naming_file_and_line(tmp_path, capsys, kind, strict):
+    good = _raw_jsonl_bytes()
+    lines = good.splitlines(keepends=True)
+    if kind == "jsonl":
+        blob = lines[0] + lines[1].replace(b'"', b'"\xb5', 1) + b"".join(lines[2:])
+        line = 2
+    else:
+        items = [json.loads(x) for x in lines]
+        text = json.dumps(items, indent=1).encode()
+        cut = text.index(b"\n", text.index(b"\n") + 1)  # after the second line
+        blob, line = text[:cut] + b"\xb5" + text[cut:], 2
+    path = tmp_path / f"raw.{kind}"
+    path.write_bytes(blob)
+    code, out = run_dapo(tmp_path, path, *(["--strict"] if strict else []))
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and not out.parent.exists()
+    assert err.count("\n") == 0 and str(path) in err and f"line {line}" in err and "not UTF-8" in err, err
+
+
+def test_parquet_named_jsonl_and_a_directory_are_named(tmp_path, capsys):
+    parquet = tmp_path / "raw.parquet"
+    write_parquet(parquet, [raw_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    disguised = tmp_path / "raw.jsonl"
+    disguised.write_bytes(parquet.read_bytes())
+    code, out = run_dapo(tmp_path, disguised)
+    err = capsys.readouterr().err
+    assert code == 2 and "is a parquet file" in err and str(disguised) in err and not out.parent.exists()
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    code, _ = run_dapo(tmp_path, folder)
+    err = capsys.readouterr().err
+    assert code == 2 and "is a directory" in err and "not found" not in err
+
+
+def test_eval_sets_non_utf8_input_is_named(tmp_path, capsys):
+    inputs = write_eval_inputs(tmp_path / "raw")
+    jsonl = next(p for p in sorted(inputs.iterdir()) if p.suffix == ".jsonl")
+    jsonl.write_bytes(b"\xff" + jsonl.read_bytes())
+    for strict in ([], ["--strict"]):
+        code = eval_sets.main(["--local_dir", str(tmp_path / "out"), "--input_dir", str(inputs), *strict])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{jsonl}: line 1: not UTF-8" in err and not (tmp_path / "out").exists()

@@ -69,6 +69,52 @@ def test_readme_results_tables_are_the_ones_commands_write():
     assert headers <= descriptive | {COMPARE_HEADER}, headers - descriptive
 
 
+def _headline_rows(path: Path) -> dict[tuple[str, str], str]:
+    """(scenario, method) → row of the first COMPARE_HEADER table in a markdown file."""
+    from recipe.gdro.sim.sweep import COMPARE_HEADER
+
+    lines = path.read_text(encoding="utf-8").splitlines()
+    start = lines.index(COMPARE_HEADER) + 2
+    rows = {}
+    for ln in lines[start:]:
+        if not ln.startswith("| "):
+            break
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        rows[(cells[0], cells[1])] = ln
+    return rows
+
+
+def test_readme_headline_numbers_are_what_the_code_produces():
+    """Not only the header: every row's lr is the shipped tuned lr, the README's table is the one in
+    docs/simulator.md, and two rows (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4 at tuned lr) are
+    recomputed with the current code and must match cell for cell, so stale numbers fail."""
+    from recipe.gdro.sim.methods import lookup_tuned_lr
+    from recipe.gdro.sim.scenario import load_scenario
+    from recipe.gdro.sim.simulate import run_experiment
+    from recipe.gdro.sim.sweep import _compare_rows
+
+    readme = _headline_rows(REPO / "README.md")
+    assert readme == _headline_rows(REPO / "docs" / "simulator.md")
+    for (scen, method), line in readme.items():
+        lr = lookup_tuned_lr(scen, "shared", [method])[method]
+        assert f"| {scen} | {method} | ×{lr:g} |" in line, (line, lr)
+    methods = ["grpo", "rollout_gdro_sqrt"]
+    sc = load_scenario("dapo_like")
+    res = run_experiment(
+        sc,
+        "unused",
+        methods=methods,
+        seeds=list(range(5)),
+        lr_scales=lookup_tuned_lr("dapo_like", "shared", methods),
+        workers=1,
+        progress=False,
+        plots=False,
+        write_files=False,
+    )
+    got = _compare_rows("dapo_like", res, res["methods"]["grpo"], methods)
+    assert got == [readme[("dapo_like", m)] for m in methods]
+
+
 def test_no_references_to_documents_outside_the_repository():
     """The design brief lives outside the repository: code and docs cite the paper and docs/ instead."""
     marker = "DESIGN" + " §"  # spelt in two parts so this file does not match itself

@@ -842,3 +842,28 @@ def test_preflight_round_counts_the_sessions_verl_puts_into_transfer_queue(
         assert manager.batches[0]["rollout_n"] == [2, 12]
         # the round leaves nothing behind in TransferQueue
         assert not any((tq.kv_list() or {}).get("train", {}) or {})
+
+
+def test_large_n_max_runs_end_to_end_with_budget_and_batch_shape(tq_session, tmp_path_factory, tokenizer):
+    """n_max = 32 at n̄ = 4 (8× a uniform share; the default 12 caps a prompt at 3×): one mixed prompt
+    among five solved-or-unsolvable ones gets more than 12 rollouts, Σ n stays B·n̄ and verl's
+    mini-batches stay whole."""
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    script = S.Script({0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0, 4: 0.5, 5: 1.0})
+    work = new_work(tmp_path_factory, "nmax32")
+    extra = (
+        "gdro.rollout.enable=true",
+        "gdro.rollout.n_max=32",
+        "gdro.rollout.variance_source=prompt",
+        "gdro.binner.num_bins=4",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+    )
+    config = make_config(work, *extra, batch=6, steps=3)
+    trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    run = {"manager": manager, "trainer": trainer}
+    replay_and_check(run, script, [1, 2, 3], shadow_controller(config), rollout=True)
+    counts = [b["rollout_n"] for b in manager.batches]
+    assert all(sum(c) == 6 * N_MEAN and min(c) >= 2 and max(c) <= 32 for c in counts)
+    assert max(max(c) for c in counts) > 12, counts

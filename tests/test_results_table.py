@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,57 @@ def test_cli_markdown_csv_and_clear_errors(tmp_path, capsys):
     assert RT.main([str(tmp_path / "nope")]) == 2
     assert "no such metrics file" in capsys.readouterr().err
     json.loads(a.read_text().splitlines()[0])  # the file stays plain JSON lines
+
+
+def _two_validations(path):
+    prompts = dict.fromkeys(SOURCES, 10)
+    append_validation_jsonl(path, 10, val_record(uniform(0.3), uniform(0.5), prompts))
+    append_validation_jsonl(path, 20, val_record(uniform(0.6), uniform(0.7), prompts))
+
+
+def test_a_cut_last_line_is_named_not_silently_dropped(tmp_path, capsys):
+    run = tmp_path / "gdro_metrics.jsonl"
+    _two_validations(run)
+    text = run.read_text()
+    run.write_text(text[: len(text) - 40])  # the step-20 validation line is cut mid-write
+    assert RT.main([str(run), "--step", "last"]) == 0
+    captured = capsys.readouterr()
+    assert f"| {tmp_path.name} | 10 |" in captured.out  # the last complete validation
+    warnings_ = [ln for ln in captured.err.splitlines() if "warning" in ln]
+    assert warnings_ == [
+        f"results_table: warning: {run}: line 2 is cut (a run stopped mid-write?); that record is skipped"
+    ]
+
+
+@pytest.mark.parametrize("target", ["folder", "unwritable", "missing_parent_under_file"])
+def test_bad_csv_path_is_an_error_before_any_output(tmp_path, capsys, target):
+    run = tmp_path / "gdro_metrics.jsonl"
+    _two_validations(run)
+    if target == "folder":
+        csv_path = tmp_path / "a_folder"
+        csv_path.mkdir()
+    elif target == "unwritable":
+        csv_path = Path("/proc/gdro_no_such_dir/t.csv")  # not creatable, even as root
+    else:
+        (tmp_path / "plain_file").write_text("x")
+        csv_path = tmp_path / "plain_file" / "t.csv"
+    assert RT.main([str(run), "--csv", str(csv_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and str(csv_path) in captured.err and captured.err.count("\n") == 1
+    assert not (csv_path.is_file())
+
+
+def test_parquet_or_non_utf8_metrics_file_is_named(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), parquet)
+    assert RT.main([str(parquet)]) == 2
+    err = capsys.readouterr().err
+    assert f"{parquet}: is a parquet file" in err and "codec" not in err
+    binary = tmp_path / "gdro_metrics.jsonl"
+    _two_validations(binary)
+    binary.write_bytes(binary.read_bytes().replace(b"{", b"\xb5{", 2))
+    assert RT.main([str(binary)]) == 2
+    assert f"{binary}: line 1: not UTF-8" in capsys.readouterr().err

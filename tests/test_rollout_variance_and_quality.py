@@ -47,20 +47,70 @@ def test_allocation_quality_reference_points():
         allocation_quality(np.array([4, 4]), np.zeros(3), 4, 2, 12)
 
 
-def test_prompt_variance_estimate_is_the_stated_shrinkage():
-    rg = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=8.0, variance_floor=1e-3), num_groups=3)
-    rg.variance[:] = [0.05, 0.2, 0.25]
-    groups = np.array([0, 0, 1, 2])
-    k = np.array([0, 6, 10, 0])  # window sums: correct / rollouts
-    m = np.array([40, 40, 20, 0])  # the last prompt is unseen
-    v = rg.prompt_variance_estimate(groups, k, m)
-    d = m - 1.0
-    s2 = np.array([0.0, 6 * 34 / (40 * 39), 10 * 10 / (20 * 19)])
-    expected = (d[:3] * s2 + 8.0 * rg.variance[groups[:3]]) / (d[:3] + 8.0)
-    np.testing.assert_allclose(v[:3], np.maximum(expected, 1e-3))
-    assert v[3] == 0.25  # unseen: the bin's v_b
-    raw = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=0.0), 3).prompt_variance_estimate(groups[:3], k[:3], m[:3])
-    np.testing.assert_allclose(raw, np.maximum(s2, 1e-3))
+def _binomial_pmf(m, p):
+    from math import comb
+
+    k = np.arange(m + 1)
+    return k, np.array([comb(m, int(i)) * p**i * (1 - p) ** (m - i) for i in k])
+
+
+@pytest.mark.parametrize("p", [0.05, 0.3, 0.5])
+def test_prompt_variance_estimate_behaves_as_a_shrinkage_estimator(p):
+    """What the estimate is for, checked by exact expectations over k ~ Binomial(m, p), not by
+    retyping its formula: κ = 0 is unbiased for p(1-p); κ > 0 moves it toward the bin's v_b, more
+    for short windows; with a prior near the truth it has lower mean squared error than the raw
+    s² on a short window; an unseen prompt gets v_b."""
+    truth = p * (1 - p)
+    v_b = 0.2
+
+    def estimate(kappa, k, m):
+        rg = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=kappa, variance_floor=1e-9), num_groups=1)
+        rg.variance[:] = v_b
+        return rg.prompt_variance_estimate(np.zeros(len(k), dtype=np.int64), k, np.full(len(k), m))
+
+    for m in (2, 4, 40):
+        k, pmf = _binomial_pmf(m, p)
+        raw = estimate(0.0, k, m)
+        assert pmf @ raw == pytest.approx(truth, abs=2e-9)  # unbiased (up to the 1e-9 floor) without shrinkage
+        shrunk = estimate(8.0, k, m)
+        lo, hi = np.minimum(raw, v_b), np.maximum(raw, v_b)
+        assert np.all((shrunk >= lo - 1e-12) & (shrunk <= hi + 1e-12))  # between s² and v_b
+    # Shrinkage fades with evidence: the estimate's distance to v_b grows with the window size.
+    far = []
+    for m in (4, 40, 400):
+        k, pmf = _binomial_pmf(m, p)
+        far.append(abs(pmf @ estimate(8.0, k, m) - v_b))
+    assert far[0] < far[1] < far[2] and far[2] == pytest.approx(abs(truth - v_b) * 399 / 407, rel=1e-6)
+    # With a prior near the truth, a short window is better estimated shrunk than raw (MSE).
+    k, pmf = _binomial_pmf(4, p)
+    rg = RolloutGDRO(RolloutGDROConfig(variance_shrinkage=8.0, variance_floor=1e-9), num_groups=1)
+    rg.variance[:] = truth * 1.1
+    shrunk = rg.prompt_variance_estimate(np.zeros(5, dtype=np.int64), k, np.full(5, 4))
+    assert pmf @ (shrunk - truth) ** 2 < pmf @ (estimate(0.0, k, 4) - truth) ** 2
+    unseen = estimate(8.0, np.array([0]), 0)
+    assert unseen[0] == v_b
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_knapsack_allocation_is_the_brute_force_optimum(seed):
+    """Knapsack-RL's rule maximises Σ_i value(p_i, n_i), value = (1 - p^n - (1-p)^n) p (1-p)^2, under
+    Σ n_i = B n̄ and the bounds; checked against every allocation of a small batch."""
+    rng = np.random.default_rng(seed)
+    acc = rng.random(4)
+    acc[rng.random(4) < 0.25] = np.nan  # unseen: treated as p = 0.5
+    if seed == 0:
+        acc[:2] = [0.0, 1.0]  # zero value at any n
+    cfg = RolloutGDROConfig(enable=True, allocator="knapsack", n_min=2, n_mean=4, n_max=9)
+    n = RolloutGDRO(cfg, num_groups=1).allocate(np.zeros(4, dtype=np.int64), acc)
+    p = np.where(np.isfinite(acc), acc, 0.5)
+
+    def value(alloc):
+        a = np.asarray(alloc, dtype=np.float64)
+        return float(((1 - p**a - (1 - p) ** a) * p * (1 - p) ** 2).sum())
+
+    best = max(value(a) for a in itertools.product(range(2, 10), repeat=4) if sum(a) == 16)
+    assert n.sum() == 16 and n.min() >= 2 and n.max() <= 9
+    assert value(n) == pytest.approx(best, rel=1e-9, abs=1e-12)
 
 
 def _run(source, steps=80, seed=0):

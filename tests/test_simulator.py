@@ -149,13 +149,49 @@ def test_reproducible_for_a_fixed_seed(tmp_path):
         assert np.array_equal(x["curves"][key], y["curves"][key], equal_nan=True), key
 
 
-def test_methods_share_batches_and_reward_draws():
-    """Common random numbers: with the same seed, GRPO and Prompt-GDRO see the same first step."""
+def test_methods_share_batches_and_reward_draws(monkeypatch):
+    """Common random numbers: with the same seed every method sees the same batches, the same
+    noise, and rewards coupled through the same uniform draw per (position, slot) — so where a
+    method's pass rate p is lower, its reward is never 1 where the other's is 0."""
+    from recipe.gdro.sim import learner as learner_mod
+
+    calls: dict[str, list] = {}
+    real = learner_mod._LearnerBase.rollout
+
+    def recording(self, ids, counts, step):
+        out = real(self, ids, counts, step)
+        calls.setdefault(self._method, []).append((ids.copy(), np.asarray(counts).copy(), out))
+        return out
+
+    monkeypatch.setattr(learner_mod._LearnerBase, "rollout", recording)
+    real_init = learner_mod._LearnerBase.__init__
     sc = tiny()
-    a = run_one(sc, "grpo", seed=0, steps=1)
-    b = run_one(sc, "prompt_gdro", seed=0, steps=1)
-    # before any update the held-out accuracy is identical (same dataset for the same seed)
-    assert a["curves"]["mean_accuracy"][0] == b["curves"]["mean_accuracy"][0]
+    for method in ("grpo", "prompt_gdro", "rollout_gdro_sqrt"):
+
+        def init(self, *a, _m=method, **k):
+            real_init(self, *a, **k)
+            self._method = _m
+
+        monkeypatch.setattr(learner_mod._LearnerBase, "__init__", init)
+        run_one(sc, method, seed=0, steps=16)  # > one epoch (10 steps): GDRO acts once prompts are seen
+    base = calls["grpo"]
+    assert len(base) == 16
+    for method in ("prompt_gdro", "rollout_gdro_sqrt"):
+        other = calls[method]
+        differ = 0
+        for (ids_a, n_a, a), (ids_b, n_b, b) in zip(base, other, strict=True):
+            assert np.array_equal(ids_a, ids_b)  # same batches
+            assert np.array_equal(a["zeta"], b["zeta"])  # same noise by batch position
+            for i in range(len(ids_a)):
+                k = min(n_a[i], n_b[i])
+                ra = a["rewards"][a["pos"] == i][:k]
+                rb = b["rewards"][b["pos"] == i][:k]
+                # Same uniform U per slot: r = 1[U < p]. r_a > r_b needs p_a > p_b, and vice versa.
+                assert not np.any((ra > rb) & (a["p"][i] <= b["p"][i]))
+                assert not np.any((rb > ra) & (b["p"][i] <= a["p"][i]))
+            differ += int(not np.array_equal(a["p"], b["p"]))
+        assert differ > 0  # the policies did diverge, so the coupling was exercised
+    assert not np.array_equal(calls["grpo"][-1][1], calls["rollout_gdro_sqrt"][-1][1])  # counts differ
 
 
 # ------------------------------------------------------------------------------------ plotting
@@ -578,3 +614,86 @@ def test_rolling_is_a_trailing_nan_mean():
     got = gdro_plot.rolling(x, 2)
     want = np.array([[1.0, 1.0, 3.0, 4.0], [np.nan, np.nan, 2.0, 3.0]])
     assert np.allclose(got, want, equal_nan=True)
+
+
+def test_plot_refuses_bad_inputs_before_writing(tmp_path, capsys):
+    """--out on an existing file, a parquet input, and a run with no per-bin data: a named error, exit
+    2, and no output folder left behind."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    run = tmp_path / "run" / "gdro_metrics.jsonl"
+    _fake_training_run(str(run))
+    taken = tmp_path / "taken.png"
+    taken.write_text("x")
+    assert gdro_plot.main([str(run), "--out", str(taken)]) == 2
+    assert f"--out {taken} is an existing file" in capsys.readouterr().err
+    parquet = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"a": [1]}), parquet)
+    assert gdro_plot.main([str(parquet), "--out", str(tmp_path / "p")]) == 2
+    assert f"{parquet}: is a parquet file" in capsys.readouterr().err and not (tmp_path / "p").exists()
+    bare = tmp_path / "bare.jsonl"
+    append_metrics_jsonl(str(bare), 1, {"gdro/mu": 0.1})
+    assert gdro_plot.main([str(bare), "--out", str(tmp_path / "empty")]) == 2
+    assert "no per-bin GDRO metrics" in capsys.readouterr().err
+    assert not (tmp_path / "empty").exists()
+
+
+def _sim_cmd(out, *extra):
+    return [sys.executable, "-m", "recipe.gdro.sim.simulate", "--out", str(out), "--no-plots", "--quiet", *extra]
+
+
+def test_simulate_refuses_an_out_file_and_zero_workers(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    for argv, fragment in (
+        (_sim_cmd(taken, "--steps", "1", "--seeds", "1"), f"--out {taken} is an existing file"),
+        (_sim_cmd(tmp_path / "o", "--workers", "0"), "--workers 0 must be >= 1"),
+    ):
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and fragment in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert taken.read_text() == "x" and not (tmp_path / "o").exists()
+
+
+def test_ctrl_c_stops_the_simulator_at_once_and_keeps_the_old_outputs(tmp_path):
+    """SIGINT mid-run: exit 130 within seconds, no traceback, the previous outputs untouched and no
+    partial folder left (the run writes into a temporary sibling folder, moved into place at the end)."""
+    import signal
+    import time
+
+    out = tmp_path / "sim"
+    out.mkdir()
+    (out / "report.md").write_text("OLD REPORT")
+    argv = _sim_cmd(out, "--scenario", "dapo_like", "--steps", "3000", "--seeds", "2", "--workers", "2")
+    # Default SIGINT handling in the child even when this test runs in the background (where a
+    # shell sets SIGINT to ignored, and the child would inherit that).
+    proc = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline:  # wait until the workers are writing step metrics
+            if any(p.stat().st_size > 0 for p in tmp_path.glob(".sim.partial-*/metrics/*/*.jsonl")):
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the simulator wrote no metrics within 240 s")
+        sent = time.time()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        stopped_after = time.time() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "interrupted" in err
+    assert stopped_after < 8, stopped_after
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"] and (out / "report.md").read_text() == "OLD REPORT"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim"]  # no partial or backup folder left

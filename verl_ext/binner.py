@@ -5,7 +5,12 @@ Each prompt, keyed by its stable dataset id, keeps a ring buffer of its last H v
 
     p̂(x) = Σ_{visits in window} correct / Σ_{visits in window} rollouts          (pass@1 estimate)
 
-and pass@k = 1 - (1 - p̂)^k is a derived view. We record counts rather than "solved at least
+and pass@k = 1 - (1 - p̂)^k is a derived view. With ``half_life`` h set, the statistic is instead
+recency-weighted over all of the prompt's visits, the visit j visits ago weighted λ^j, λ = 2^(-1/h):
+
+    p̂(x) = C / N,   C ← λ C + correct,   N ← λ N + rollouts          (two floats per prompt)
+
+We record counts rather than "solved at least
 once" because with Rollout-GDRO a prompt given 12 rollouts is solved at least once far more
 often than one given 2: an any-correct statistic would depend on the allocation itself.
 
@@ -123,6 +128,9 @@ class OnlineDifficultyBinner:
         self._meta = np.zeros((self.num_prompts, 4), dtype=np.int32)
         self._ring = np.zeros((self.num_prompts, h, 2), dtype=np.uint16)
         self._num_seen = 0  # prompts with at least one visit (seen_fraction without an O(P) scan)
+        # half_life: recency-weighted (Σ λ^j correct, Σ λ^j rollouts) per prompt, float64.
+        self._decay_rate = None if config.half_life is None else float(0.5 ** (1.0 / config.half_life))
+        self._decayed = None if config.half_life is None else np.zeros((self.num_prompts, 2), dtype=np.float64)
         self.total_nonfinite = 0
 
     def _bins(self, meta: np.ndarray) -> np.ndarray:
@@ -142,9 +150,8 @@ class OnlineDifficultyBinner:
 
     def accuracy_of(self, prompt_ids: np.ndarray) -> np.ndarray:
         """Windowed mean accuracy p̂ (NaN for a prompt never seen)."""
-        meta = self._meta[np.asarray(prompt_ids, dtype=np.int64)]
-        num = meta[:, _SUM_C].astype(np.float64)
-        den = meta[:, _SUM_N].astype(np.float64)
+        num, den = self.window_sums(prompt_ids)
+        num, den = num.astype(np.float64), den.astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(den > 0, num / np.maximum(den, 1), np.nan)
 
@@ -156,7 +163,14 @@ class OnlineDifficultyBinner:
         return self._meta[np.asarray(prompt_ids, dtype=np.int64), _VISITS].astype(np.int64)
 
     def window_sums(self, prompt_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(Σ correct, Σ rollouts) over each prompt's window (zeros for a prompt never seen)."""
+        """(Σ correct, Σ rollouts) over each prompt's window (zeros for a prompt never seen).
+
+        With ``half_life`` set, the recency-weighted sums (float64): N is then the effective number
+        of rollouts the estimate rests on.
+        """
+        if self._decayed is not None:
+            d = self._decayed[np.asarray(prompt_ids, dtype=np.int64)]
+            return d[:, 0], d[:, 1]
         meta = self._meta[np.asarray(prompt_ids, dtype=np.int64)]
         return meta[:, _SUM_C].astype(np.int64), meta[:, _SUM_N].astype(np.int64)
 
@@ -195,7 +209,12 @@ class OnlineDifficultyBinner:
         sum_n = meta[:, _SUM_N] + rollouts - evicted[:, 1]
         self._ring[ids, cursor] = np.stack([correct, rollouts], axis=1).astype(np.uint16)
 
-        acc = sum_c / sum_n
+        if self._decayed is None:
+            acc = sum_c / sum_n
+        else:
+            decayed = self._decayed[ids] * self._decay_rate + np.stack([correct, rollouts], axis=1)
+            self._decayed[ids] = decayed
+            acc = decayed[:, 0] / decayed[:, 1]
         target = self._bin_of(acc)
         delta = self.config.hysteresis
         if delta > 0:
@@ -228,6 +247,8 @@ class OnlineDifficultyBinner:
             "meta": self._meta.copy(),
             "ring": self._ring.copy(),
             "total_nonfinite": self.total_nonfinite,
+            "half_life": self.config.half_life,
+            "decayed": None if self._decayed is None else self._decayed.copy(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -240,7 +261,14 @@ class OnlineDifficultyBinner:
             raise ValueError(
                 f"binner checkpoint bin edges {list(state['edges'])} differ from the config's {list(self.edges)}"
             )
+        if state.get("half_life") != self.config.half_life:
+            raise ValueError(
+                f"binner checkpoint has half_life={state.get('half_life')!r}; this run has "
+                f"binner.half_life={self.config.half_life!r}"
+            )
         self._meta[...] = state["meta"]
+        if self._decayed is not None:
+            self._decayed[...] = state["decayed"]
         self._ring[...] = state["ring"]
         self._num_seen = int(np.count_nonzero(self._meta[:, _VISITS]))
         self.total_nonfinite = int(state["total_nonfinite"])

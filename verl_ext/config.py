@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
-ALLOCATORS = ("sqrt", "bandit", "knapsack", "uniform")
+ALLOCATORS = ("sqrt", "hedge", "bandit", "knapsack", "uniform")  # bandit: the earlier name of hedge
 UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
 NORMALIZE_MODES = ("advantage_mass", "all_responses")
 VARIANCE_SOURCES = ("bin", "prompt")
 BUDGETS = ("rollouts", "tokens")
+SCORE_INITS = ("first_observation", "zero")
 
 
 class GDROConfigError(ValueError):
@@ -72,11 +73,17 @@ class BinnerConfig:
             in the bin that contains ``unseen_prior``. Never "hardest bin" (the released code's
             accuracy-0 default makes every fresh prompt look maximally hard).
         unseen_prior: prior accuracy used by ``unseen=prior``.
+        half_life: recency weighting of a prompt's visits, in visits. ``null`` (default): the
+            plain mean over the last ``window`` visits. A number h: every visit of the prompt so
+            far, the one j visits ago weighted 2^(-j/h), so p̂ follows a prompt the model is
+            learning instead of averaging over its whole history (with H = 50, a 1,000-step DAPO
+            run visits a prompt ~18 times, so the window never fills); ``window`` is then unused.
     """
 
     num_bins: int = 10
     bin_edges: list[float] | None = None
     window: int = 50
+    half_life: float | None = None
     hysteresis: float = 0.0
     unseen: str = "own_bin"
     unseen_prior: float = 0.5
@@ -101,6 +108,8 @@ class BinnerConfig:
         if self.unseen not in UNSEEN_MODES:
             _fail("binner.unseen", self.unseen, f"must be one of {UNSEEN_MODES}")
         _check_unit("binner.unseen_prior", self.unseen_prior)
+        if self.half_life is not None:
+            _check_positive("binner.half_life", self.half_life)
 
     def edges(self) -> list[float]:
         """The K+1 bin edges in use."""
@@ -135,7 +144,12 @@ class PromptGDROConfig:
         min_group_prompts: k0, evidence pseudo-count. A bin with c prompts in the batch moves
             its score by β·c/(c+k0) of the way to its debiased loss (c/(c+k0) at its first
             observation, from the batch's reference level), so a bin holding one prompt, or the
-            few unseen prompts left after an epoch, cannot swing a weight. 0 = Eq. 14 as printed.
+            few unseen prompts left after an epoch, cannot swing a weight. 0 = no evidence
+            weighting (Eq. 14 as printed needs ``score_init=zero`` too).
+        score_init: where a bin's score starts. ``first_observation`` (default): the bin's first
+            observation sets it (shrunk toward the batch's reference level), so a bin first seen
+            late is not under-weighted for ~1/β steps. ``zero``: the paper's S_0(b) = 0, every
+            observation an EMA step; with ``min_group_prompts=0`` this is Eq. 14 as printed.
     """
 
     enable: bool = False
@@ -150,10 +164,13 @@ class PromptGDROConfig:
     normalize: str = "advantage_mass"
     lagged: bool = False
     min_group_prompts: float = 8.0
+    score_init: str = "first_observation"
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             _fail("prompt.enable", self.enable, "must be true or false")
+        if self.score_init not in SCORE_INITS:
+            _fail("prompt.score_init", self.score_init, f"must be one of {SCORE_INITS}")
         if not isinstance(self.lagged, bool):
             _fail("prompt.lagged", self.lagged, "must be true or false")
         if self.normalize not in NORMALIZE_MODES:
@@ -179,9 +196,10 @@ class RolloutGDROConfig:
 
     Attributes:
         enable: schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``.
-        allocator: ``sqrt`` (square-root law via the shadow price), ``bandit`` (the paper's
-            per-bin EXP3P over arms with an exact-budget DP), ``knapsack`` (Knapsack-RL's value
-            rule), ``uniform``.
+        allocator: ``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin
+            full-information Hedge over arms with an exact-budget DP; not the paper's EXP3P, see
+            :mod:`verl_ext.rollout_gdro`; ``bandit`` is its earlier name and runs the same code),
+            ``knapsack`` (Knapsack-RL's value rule), ``uniform``.
         n_mean: n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The
             recipe ties it to ``actor_rollout_ref.rollout.n``.
         n_min: smallest count for any prompt; at least 2 (a GRPO group of one gets its raw
@@ -200,7 +218,7 @@ class RolloutGDROConfig:
             toward v_b (see :meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`).
         variance_shrinkage: κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.
         bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
-            bin), exploration and EMA rate of the ``bandit`` allocator's per-(bin, arm) scores.
+            bin), exploration and EMA rate of the ``hedge`` allocator's per-(bin, arm) scores.
         seed: RNG seed (the bandit's exploration; ties).
         budget: what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also
             the expected generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a

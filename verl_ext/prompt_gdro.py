@@ -8,11 +8,12 @@ Paper Eq. 12-16 (App. A.2.1). At step t, for every group b present in the batch:
     ω_t(b) = exp(η · clip(S_t(b), -C, C))                                          (Eq. 15)
     q_t(b) = (1 - γ) ω_t(b) / Σ_j ω_t(j) + γ / K                                   (Eq. 16)
 
-Groups absent from the batch keep their score. Two departures from Eq. 14, both off with
-``min_group_prompts=0``: a bin's step is scaled by its evidence c_b / (c_b + k0) (c_b prompts in
-the batch), so a bin holding one prompt cannot swing its weight in one step, and a bin's first
-observation sets its score (shrunk toward the batch's reference level) instead of moving it from
-0 (see :meth:`PromptGDRO.update`).
+Groups absent from the batch keep their score. Two departures from Eq. 14 by default: a bin's
+step is scaled by its evidence c_b / (c_b + k0) (c_b prompts in the batch; off with
+``min_group_prompts=0``), so a bin holding one prompt cannot swing its weight in one step, and a
+bin's first observation sets its score (shrunk toward the batch's reference level) instead of
+moving it from S_0 = 0 (off with ``score_init=zero``; see :meth:`PromptGDRO.update`). Both off is
+Eq. 14 as printed.
 
 Each response's GRPO advantage is multiplied by its prompt's group weight q_t(b), normalised
 (``normalize``) and capped at ω_max. ``all_responses`` rescales to mean 1 over all responses (the
@@ -22,9 +23,13 @@ step size. ``advantage_mass`` rescales so Σ|A·m| = Σ|A|: only the direction c
 PPO advantage by a positive constant scales its clipped surrogate term by the same constant, so
 this is done on the driver.
 
-Dividing by q̂ is EXP3's importance weight ℓ/q: without it a common bin's loss would count more
-simply because the bin is common; with it a rare, consistently hard bin can out-score a common
-one. By default the weights applied at step t already include step t's losses; ``lagged=true``
+Dividing by q̂ is EXP3's importance weight ℓ/q, but ℓ̄(b) is already a *mean* over the bin's
+prompts, so the division does not remove a bias toward common bins: it adds a 1/share bias toward
+rare ones. At equal loss 0.2 a bin with 8 of 256 prompts gets 20.9× the common bin's q (groups:
+the two bins and ``unseen``); with 4× lower loss (0.05 against 0.2) it still gets 2.45×
+(docs/controllers.md; pinned in tests). It is the paper's formula, so it is kept.
+
+By default the weights applied at step t already include step t's losses; ``lagged=true``
 uses the scores before this step's update (the released code reads them after the actor step).
 
 The per-prompt loss ℓ(x) is pluggable (the paper's PPO-surrogate signal is ≈ 0 in expectation
@@ -99,7 +104,9 @@ class PromptGDRO:
             S_t(b) = S_{t-1}(b) + β w_b (x_b - S_{t-1}(b))      (Eq. 14 when k0 = 0)
             S_t(b) = S_ref + w_b (x_b - S_ref)                   at the bin's first observation
 
-        where S_ref is the prompt-count-weighted mean score of the batch's already observed bins
+        With ``score_init=zero`` there is no first-observation rule: S_0(b) = 0 and every
+        observation is the EMA step (with k0 = 0, exactly Eq. 14). Otherwise S_ref is the
+        prompt-count-weighted mean score of the batch's already observed bins
         (Σ_b w_b x_b / Σ_b w_b over the batch when there are none). So a bin first seen late
         starts at its own level rather than at 0 (which under-weights it for ~1/β steps), and a
         bin holding c prompts moves its score by at most β w_b |x_b - S| per step (w_b |x_b - S_ref|
@@ -127,6 +134,8 @@ class PromptGDRO:
         w = count[present] / (count[present] + self.config.min_group_prompts)
         old = self.scores[present]
         first = ~self.observed[present]
+        if self.config.score_init == "zero":  # Eq. 14 from S_0(b) = 0: no first-observation rule
+            first = np.zeros_like(first)
         # Reference level for a first observation: the current scores of the batch's known bins
         # (weighted by their prompt counts), or this batch's evidence-weighted x at the start.
         known = ~first

@@ -23,7 +23,10 @@ a bin never observed has ``variance_prior``.
 Allocators (same interface, chosen by ``rollout.allocator``):
 
 * ``sqrt``: n_i = clip(√(v_{b_i} / μ), n_min, n_max), rounded, then repaired to the exact total.
-* ``bandit``: the paper's per-bin exponential-weights bandit over arms n ∈ {n_min..n_max}. Each
+* ``hedge`` (earlier name ``bandit``, still accepted): per-bin exponential weights over arms
+  n ∈ {n_min..n_max}. It is *not* the paper's EXP3P: EXP3P sees only the pulled arm's loss and
+  importance-weights it; this is full-information Hedge on per-bin rescaled losses, with η = 5
+  and Gumbel noise inside the DP (reasons below). Each
   (bin, arm) keeps an EMA score of the Lagrangian loss L_b(n) = v̂_b / n + μ n, rescaled per bin
   to [0, 1] over the arms; π_b(n) = (1-γ) softmax(-η S_b)(n) + γ/#arms. Every step an exact-budget
   dynamic programme picks one arm per bin maximising Σ_b |B_b| (log π_b(n) + G_b(n)) with Gumbel
@@ -34,7 +37,9 @@ Allocators (same interface, chosen by ``rollout.allocator``):
   own group, not by batch position. Once v̂_b is observed the loss of *every* arm is known, so all
   arms are updated (full information, as in Hedge): with importance-weighted pulled-arm updates the
   arms the budget never affords keep their initial score, look best forever, and drive μ to
-  overflow (found by the simulator).
+  overflow (found by the simulator). A bin whose arms were never scored (never observed while the
+  allocator ran) has no preference: its flat scores would argmin to n_min and pull μ down, so it
+  is left out of the budget-pressure mean (no μ step while no bin present has been scored).
 * ``knapsack``: Knapsack-RL's value (1 - p^N - (1 - p)^N) · p (1 - p)² per prompt
   (arXiv 2509.25849), filled greedily by marginal value from n_min.
 * ``uniform``: n_i = n̄.
@@ -257,6 +262,7 @@ class RolloutGDRO:
         self.log_mu = np.nan if config.mu_init is None else float(np.log(config.mu_init))
         self.arms = np.arange(config.n_min, config.n_max + 1)
         self.arm_scores = np.zeros((self.num_groups, len(self.arms)))  # EMA of the rescaled Lagrangian loss
+        self.arm_scored = np.zeros(self.num_groups, dtype=bool)  # the bin's arm scores hold an observation
         self.rng = np.random.default_rng(config.seed)
         self.last: dict[str, Any] = {}
         self.steps = 0
@@ -365,9 +371,13 @@ class RolloutGDRO:
             a = int(choice[j, t])
             arm_of[present[j]] = a
             t -= int(counts[j] * steps[a])
-        # Budget pressure: the mean of the arms the bins prefer, without the budget.
-        wanted = self.arms[np.argmin(self.arm_scores[present], axis=1)]
-        return self.arms[arm_of[groups]], float((counts * wanted).sum() / counts.sum())
+        # Budget pressure: the mean of the arms the scored bins prefer, without the budget. A bin
+        # never scored has flat scores (argmin = n_min), not a preference: it would pull μ down.
+        scored = self.arm_scored[present]
+        if not scored.any():
+            return self.arms[arm_of[groups]], float(c.n_mean)
+        wanted = self.arms[np.argmin(self.arm_scores[present][scored], axis=1)]
+        return self.arms[arm_of[groups]], float((counts[scored] * wanted).sum() / counts[scored].sum())
 
     def _allocate_knapsack(self, accuracy: np.ndarray, budget: int) -> np.ndarray:
         c = self.config
@@ -413,7 +423,7 @@ class RolloutGDRO:
         ``groups`` are the prompts' current bins; ``accuracy`` (per prompt windowed pass rate,
         NaN if unseen) is needed by ``knapsack`` only. ``prompt_variance`` (per prompt), if
         given, replaces the bins' v_b in the ``sqrt`` law, the repair and the SE proxy
-        (``variance_source=prompt``); the ``bandit`` arms stay per bin. ``prompt_cost`` (per prompt
+        (``variance_source=prompt``); the ``hedge`` arms stay per bin. ``prompt_cost`` (per prompt
         expected response length ĉ) is required by ``budget=tokens``.
         """
         c = self.config
@@ -439,7 +449,7 @@ class RolloutGDRO:
             n = np.full(len(g), c.n_mean, dtype=np.int64)
         elif c.allocator == "sqrt":
             n, proposal_mean = self._allocate_sqrt(g, v, budget, cost_rel)
-        elif c.allocator == "bandit":
+        elif c.allocator in ("hedge", "bandit"):
             n, proposal_mean = self._allocate_bandit(g, v, budget)
         elif c.allocator == "knapsack":
             if accuracy is None:
@@ -450,7 +460,7 @@ class RolloutGDRO:
         n = repair_to_budget(n, v, budget, c.n_min, c.n_max)
         if cost is not None and len(g):
             n = self._token_step(n, v, cost)
-        if c.allocator in ("sqrt", "bandit"):
+        if c.allocator in ("sqrt", "hedge", "bandit"):
             self._dual_step(proposal_mean)
         se = np.sqrt((v / n).sum()) / max(len(g), 1)
         se_uniform = np.sqrt((v / c.n_mean).sum()) / max(len(g), 1)
@@ -485,7 +495,7 @@ class RolloutGDRO:
         ema = (1.0 - c.variance_beta) * self.variance[present] + c.variance_beta * v_hat
         self.variance[present] = np.where(seen_before, ema, v_hat)
         self.observed |= present
-        if update_allocator and c.allocator == "bandit" and np.isfinite(self.log_mu):
+        if update_allocator and c.allocator in ("hedge", "bandit") and np.isfinite(self.log_mu):
             # Full-information update of every arm of every bin present (see the module docstring).
             v_obs = np.maximum(v_hat, c.variance_floor)[:, None]
             n_arm = self.arms[None, :].astype(np.float64)
@@ -493,6 +503,7 @@ class RolloutGDRO:
             span = loss.max(axis=1, keepdims=True) - loss.min(axis=1, keepdims=True)
             scaled = (loss - loss.min(axis=1, keepdims=True)) / np.maximum(span, 1e-300)
             self.arm_scores[present] = (1 - c.bandit_beta) * self.arm_scores[present] + c.bandit_beta * scaled
+            self.arm_scored |= present
         self.steps += 1
 
     # ------------------------------------------------------------------ checkpoint
@@ -502,6 +513,7 @@ class RolloutGDRO:
             "observed": self.observed.copy(),
             "log_mu": float(self.log_mu),
             "arm_scores": self.arm_scores.copy(),
+            "arm_scored": self.arm_scored.copy(),
             "rng": self.rng.bit_generator.state,
             "steps": self.steps,
             "token_price": float(self.token_price),
@@ -521,6 +533,8 @@ class RolloutGDRO:
         self.observed = np.asarray(state["observed"], dtype=bool).copy()
         self.log_mu = float(state["log_mu"])
         self.arm_scores = arm_scores.copy()
+        # Older checkpoints: a bin was scored iff its scores moved off the zero start.
+        self.arm_scored = np.asarray(state.get("arm_scored", arm_scores.any(axis=1)), dtype=bool).copy()
         self.rng.bit_generator.state = state["rng"]
         self.steps = int(state["steps"])
         self.token_price = float(state["token_price"])

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -102,9 +103,27 @@ def _append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
         f.flush()
 
 
+class TruncatedLineWarning(UserWarning):
+    """A metrics file's last line was cut (a run killed mid-write): that record is skipped."""
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    """A metrics file's text; a parquet file or a byte that is not UTF-8 is a ValueError naming file and line."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if blob[:4] == b"PAR1":
+        raise ValueError(f"{path}: is a parquet file, not a JSON-lines metrics file (e.g. gdro_metrics.jsonl)")
+    try:
+        return blob.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = blob[: e.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: line {line}: not UTF-8 text (byte 0x{blob[e.start]:02x}); expected a JSON-lines metrics file"
+        ) from None
+
+
 def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    lines = _read_text(path).split("\n")
     by_step: dict[int, dict[str, Any]] = {}
     last = len(lines) - 1
     for number, line in enumerate(lines, start=1):
@@ -114,6 +133,11 @@ def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]
             record = json.loads(line)
         except json.JSONDecodeError as e:
             if number - 1 >= last - 1 and not line.endswith("}"):
+                warnings.warn(
+                    f"{path}: line {number} is cut (a run stopped mid-write?); that record is skipped",
+                    TruncatedLineWarning,
+                    stacklevel=3,
+                )
                 continue  # a partial final line
             raise ValueError(f"{path}: line {number} is not JSON: {e}") from None
         if not isinstance(record, dict) or ("step" not in record and VAL_STEP_KEY not in record):

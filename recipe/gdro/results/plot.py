@@ -208,11 +208,11 @@ def plot_gdro_run(
 ) -> list[str]:
     """Render the GDRO plots of one run (or a seed average) into ``out_dir``; return the files written."""
     plt = pyplot()
-    os.makedirs(out_dir, exist_ok=True)
     groups = s.groups()
     files: list[str] = []
     if not groups:
-        return files
+        return files  # nothing to plot: no (empty) output folder either
+    os.makedirs(out_dir, exist_ok=True)
     x = s.steps
     w = _smooth_window(len(x))
     smooth_note = f" (trailing mean over {w} steps)" if w > 1 else ""
@@ -410,7 +410,7 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
         title = f"GDRO training run: {name}"
     files = plot_gdro_run(series, out_dir, title=title)
     if not files:
-        print(f"note: {path} has no per-bin GDRO metrics with an active adversary; nothing to plot", file=sys.stderr)
+        raise ValueError(f"{path} has no per-bin GDRO metrics with an active adversary; nothing plotted")
     return files
 
 
@@ -425,9 +425,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not os.path.exists(args.path):
         print(f"error: {args.path}: no such file or folder", file=sys.stderr)
         return 2
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        print(f"error: --out {args.out} is an existing file, not a folder", file=sys.stderr)
+        return 2
     try:
         files = plot_path(args.path, args.out)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for f in files:

@@ -26,15 +26,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from recipe.gdro.results.metrics_io import VAL_STEP_KEY, read_validation_jsonl
+from recipe.gdro.results.metrics_io import VAL_STEP_KEY, TruncatedLineWarning, read_validation_jsonl
+from verl_ext.atomic import atomic_replace
 
 METRICS_FILE = "gdro_metrics.jsonl"
 
@@ -194,21 +197,24 @@ def markdown(rows: Sequence[Row]) -> str:
 
 
 def write_csv(rows: Sequence[Row], path: str) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["run", "step", "k", *[h for h, _ in COLUMNS], "pass_at_k", "pass_source", "benchmark_mean"])
-        for r in rows:
-            writer.writerow(
-                [
-                    r.run,
-                    r.step,
-                    r.k,
-                    *[f"{100 * r.columns[h]:.4f}" for h, _ in COLUMNS],
-                    f"{100 * r.pass_at_k:.4f}",
-                    r.pass_source,
-                    f"{100 * r.benchmark_mean:.4f}",
-                ]
-            )
+    """Write the rows as CSV atomically (a temporary file beside ``path``, then a rename)."""
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow(["run", "step", "k", *[h for h, _ in COLUMNS], "pass_at_k", "pass_source", "benchmark_mean"])
+    for r in rows:
+        writer.writerow(
+            [
+                r.run,
+                r.step,
+                r.k,
+                *[f"{100 * r.columns[h]:.4f}" for h, _ in COLUMNS],
+                f"{100 * r.pass_at_k:.4f}",
+                r.pass_source,
+                f"{100 * r.benchmark_mean:.4f}",
+            ]
+        )
+    with atomic_replace(path, "wb") as f:
+        f.write(buf.getvalue().encode("utf-8"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,13 +228,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     args = ap.parse_args(argv)
     try:
-        rows = build_rows(args.runs, args.step)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TruncatedLineWarning)
+            rows = build_rows(args.runs, args.step)
     except (ResultsTableError, ValueError, OSError) as e:
         print(f"results_table: error: {e}", file=sys.stderr)
         return 2
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, TruncatedLineWarning)):
+        print(f"results_table: warning: {message}", file=sys.stderr)
+    for w in caught:
+        if not issubclass(w.category, TruncatedLineWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if args.csv:  # before the table is printed: a bad --csv path leaves no output at all
+        if os.path.isdir(args.csv):
+            print(f"results_table: error: --csv {args.csv} is a folder; give a file name", file=sys.stderr)
+            return 2
+        try:
+            write_csv(rows, args.csv)
+        except OSError as e:
+            print(f"results_table: error: cannot write --csv {args.csv}: {e.strerror or e}", file=sys.stderr)
+            return 2
     print(markdown(rows))
-    if args.csv:
-        write_csv(rows, args.csv)
     return 0
 
 

@@ -9,7 +9,7 @@ which adversaries are on and, for the ``rollout_gdro_*`` methods, the allocator)
 ``grpo``                   plain GRPO: uniform n̄ rollouts, all advantage multipliers 1
 ``prompt_gdro``            Prompt-GDRO (advantage reweighting), uniform rollouts
 ``rollout_gdro_sqrt``      Rollout-GDRO with the shadow-price square-root law
-``rollout_gdro_bandit``    Rollout-GDRO with the paper's per-bin EXP3P + exact-budget DP
+``rollout_gdro_bandit``    Rollout-GDRO with the per-bin Hedge allocator (``hedge``, once ``bandit``) + DP
 ``rollout_gdro_knapsack``  Rollout-GDRO with Knapsack-RL's value rule
 ``joint``                  both adversaries (allocator and coupling from the config: verl_ext
                            defaults unless overridden)

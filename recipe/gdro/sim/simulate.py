@@ -21,7 +21,10 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import shutil
+import signal
 import sys
+import tempfile
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -75,6 +78,25 @@ EXTRA_CURVES = (
     "tokens_ratio_to_uniform",
 )
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
+
+
+def _stop_pool(pool: ProcessPoolExecutor) -> None:
+    """Stop at once: drop the queued jobs and end the running ones (Ctrl-C)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.kill()  # pure computation writing into the staging folder, which is discarded
+
+
+def _replace_folder(staging: str, out_dir: str) -> None:
+    """Move a finished output folder into place: the old one (if any) is renamed away first, then deleted."""
+    old = None
+    if os.path.isdir(out_dir):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=os.path.dirname(staging))
+        os.rename(out_dir, os.path.join(old, "previous"))
+    os.rename(staging, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ one run
@@ -243,6 +265,7 @@ def steady_state_start(scenario: Scenario, steps: int) -> int:
 
 def _task(job: tuple) -> dict[str, Any]:
     """One (method, seed) run in a worker process (one torch thread each: the workers share the cores)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the pool, no traceback here
     import torch
 
     torch.set_num_threads(1)
@@ -376,10 +399,16 @@ def run_experiment(
         else:
             ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
             pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
-            done = (f.result() for f in as_completed([pool.submit(_task, job) for job in jobs]))
-        for r in done:
-            results[(r["method"], r["seed"])] = r
-            bar.update()
+            futures = [pool.submit(_task, job) for job in jobs]
+            done = (f.result() for f in as_completed(futures))
+        try:
+            for r in done:
+                results[(r["method"], r["seed"])] = r
+                bar.update()
+        except KeyboardInterrupt:
+            if workers > 1 and len(jobs) > 1:
+                _stop_pool(pool)
+            raise
     runtime = time.perf_counter() - t0
 
     out = assemble_results(
@@ -718,6 +747,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         n_seeds = args.seeds if args.seeds is not None else scenario.seeds
         if n_seeds < 1:
             raise ValueError("--seeds must be >= 1")
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers {args.workers} must be >= 1 (omit it for the default, min(2, cores))")
         if args.lr_scale is not None and not args.lr_scale > 0:
             raise ValueError(f"--lr-scale {args.lr_scale} must be > 0")
         lr_scales: dict[str, float] = {}
@@ -735,20 +766,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     seeds = list(range(args.seed, args.seed + n_seeds))
     out_dir = args.out or os.path.join("outputs", f"sim_{scenario.name}")
-    res = run_experiment(
-        scenario,
-        out_dir,
-        methods=methods,
-        seeds=seeds,
-        steps=args.steps,
-        overrides=overrides,
-        lr_scales=lr_scales,
-        learner=args.learner,
-        workers=args.workers,
-        progress=not args.quiet,
-        plots=not args.no_plots,
-        lr_note=lr_note,
-    )
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        print(f"error: --out {out_dir} is an existing file, not a folder", file=sys.stderr)
+        return 2
+    # Write into a temporary sibling folder and move it into place at the end, so an interrupted or
+    # failed run leaves the previous outputs as they were (or none), never a mix of old and new.
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    try:
+        os.makedirs(parent, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.partial-", dir=parent)
+    except OSError as exc:
+        print(f"error: cannot create the output folder {out_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    try:
+        res = _run_into(staging, out_dir, scenario, methods, seeds, args, overrides, lr_scales, lr_note)
+    except KeyboardInterrupt:
+        shutil.rmtree(staging, ignore_errors=True)
+        print(f"\ninterrupted: stopped; {out_dir} is as it was before this run", file=sys.stderr)
+        return 130
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     print(
         f"\n[synthetic learner: {args.learner}] scenario {scenario.name}: "
         f"{len(res['methods'])} methods × {len(seeds)} seeds "
@@ -760,5 +801,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _run_into(staging, out_dir, scenario, methods, seeds, args, overrides, lr_scales, lr_note) -> dict[str, Any]:
+    """run_experiment into ``staging``, then move it to ``out_dir``."""
+    res = run_experiment(
+        scenario,
+        staging,
+        methods=methods,
+        seeds=seeds,
+        steps=args.steps,
+        overrides=overrides,
+        lr_scales=lr_scales,
+        learner=args.learner,
+        workers=args.workers,
+        progress=not args.quiet,
+        plots=not args.no_plots,
+        lr_note=lr_note,
+    )
+    _replace_folder(staging, out_dir)
+    return res
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:  # interrupted and cleaned up: skip the interpreter's slow teardown (torch, verl)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
