@@ -82,6 +82,14 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     print(format_plan(config, prepared), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
 
+    from recipe.gdro.cpu.backend import is_cpu_backend
+
+    if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
+        from recipe.gdro.cpu.backend import run_cpu
+
+        run_cpu(config)
+        return 0
+
     from verl.trainer.main_ppo import run_ppo
 
     from recipe.gdro.task_runner import GDROTaskRunnerActor
