@@ -105,7 +105,8 @@ def cpu_trainer_cls(base):
 class CPUTaskRunner:
     """``GDROTaskRunner`` for the CPU backend: trainer, in-process agent loop manager, ``fit``."""
 
-    def __init__(self):
+    def __init__(self, trainer_mixins: tuple = ()):
+        self.trainer_mixins = tuple(trainer_mixins)  # e.g. the benchmark's timers
         self.config = None
         self.trainer = None
         self.agent_loop_manager = None
@@ -121,7 +122,10 @@ class CPUTaskRunner:
         tq.init(config.transfer_queue)
         succeeded = False
         try:
-            self.trainer = cpu_trainer_cls(select_trainer_cls(config))(config=config)
+            cls = cpu_trainer_cls(select_trainer_cls(config))
+            if self.trainer_mixins:
+                cls = type(cls.__name__, (*self.trainer_mixins, cls), {})
+            self.trainer = cls(config=config)
             self.trainer.init()
             self.agent_loop_manager = CPUAgentLoopManager(config, self.trainer.cpu_server)
             self.trainer.fit(self.agent_loop_manager)
@@ -146,18 +150,20 @@ def prepare_cpu_config(config: DictConfig) -> DictConfig:
     return config
 
 
-def run_cpu(config: DictConfig) -> None:
-    """Start Ray (2 CPUs) and train on the CPU backend in this process."""
+def run_cpu(config: DictConfig, trainer_mixins: tuple = ()):
+    """Start Ray (2 CPUs) and train on the CPU backend in this process; returns the trainer."""
     import ray
 
     prepare_cpu_config(config)
-    torch.set_num_threads(max(1, min(RAY_CPUS, os.cpu_count() or 1)))
+    # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
+    # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
+    torch.set_num_threads(int(os.environ.get("GDRO_CPU_THREADS", "1")))
     started = False
     if not ray.is_initialized():
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
         started = True
     try:
-        CPUTaskRunner().run(config)
+        return CPUTaskRunner(trainer_mixins).run(config)
     finally:
         if started:
             ray.shutdown()

@@ -232,10 +232,26 @@ class CPULLMServerClient:
 
 
 class _RewardHandle:
-    """Looks like a ``RewardLoopWorker`` Ray handle; runs verl's ``compute_score`` in-process."""
+    """Looks like a ``RewardLoopWorker`` Ray handle; runs verl's ``compute_score`` in-process.
+
+    ``seconds`` sums the durations of the scoring function itself (e.g. ``math_dapo.compute_score``,
+    which verl's reward manager runs in a thread pool)."""
 
     def __init__(self, worker):
+        self.seconds = 0.0
         self.compute_score = _RemoteMethod(worker.compute_score)
+        manager = getattr(worker, "reward_manager", None)
+        score_fn = getattr(manager, "compute_score", None)
+        if score_fn is not None and not asyncio.iscoroutinefunction(score_fn):
+
+            def timed(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return score_fn(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - start
+
+            manager.compute_score = timed
 
 
 class CPUAgentLoopManager:
@@ -254,6 +270,7 @@ class CPUAgentLoopManager:
         self.thread.start()
         self.positions: dict[str, int] = {}  # uid -> position in its dispatched batch (canonical order)
         self.generate_s = 0.0
+        self.num_threads = torch.get_num_threads()  # OpenMP's setting is per thread: repeat it on the loop's
         self.worker = self._call(self._build())
 
     def _call(self, coro, timeout: float = 3600.0):
@@ -262,10 +279,12 @@ class CPUAgentLoopManager:
     async def _build(self):
         from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
+        torch.set_num_threads(self.num_threads)
         reward_worker = RewardLoopWorker(self.config, reward_router_address=None)
         client = CPULLMServerClient(self.config, self.server)
         cls = agent_loop_worker_tq_class()
-        return cls(self.config, client, None, [_RewardHandle(reward_worker)])
+        self.reward = _RewardHandle(reward_worker)
+        return cls(self.config, client, None, [self.reward])
 
     def generate_sequences(self, batch: TensorDict) -> None:
         validate = bool(batch["validate"]) if "validate" in batch.keys() else False

@@ -12,7 +12,8 @@ They replace verl's ``RayWorkerGroup`` of FSDP/Megatron engine workers and its
 * ``update_actor(batch)``: reads advantages, old / reference log-probs and masks, and runs
   :func:`recipe.gdro.cpu.policy.ppo_update` (verl's policy loss from ``core_algos``, AdamW at
   ``actor.optim.lr``, gradient clipping at ``actor.optim.clip_grad``, mini-batches of the size verl
-  passes -- ``ppo_mini_batch_size × rollout.n`` rows -- over ``ppo_epochs``);
+  passes -- ``ppo_mini_batch_size × rollout.n`` rows -- over ``ppo_epochs``, micro-batches of
+  ``ppo_micro_batch_size_per_gpu``);
 * ``save_checkpoint`` / ``load_checkpoint``: ``<global_step_N>/actor/cpu_actor.pt`` holds the actor
   weights, the optimizer state and every RNG the run draws from (the rollout server's sampling
   generator, torch, numpy, Python), so a resumed run continues bit for bit; the weights are also
@@ -94,6 +95,8 @@ class CPUActorWorkerGroup:
             weight_decay=float(optim.get("weight_decay", 0.0)),
             betas=tuple(float(b) for b in optim.get("betas", (0.9, 0.999))),
         )
+        # mini-batch order when actor.shuffle is on (verl's data_loader_seed); part of the checkpoint
+        self.shuffle_generator = torch.Generator().manual_seed(int(self.actor_config.get("data_loader_seed", 42)))
         self._dispatch_info: dict = {}
         self.timing = {"log_prob_s": 0.0, "ref_s": 0.0, "update_s": 0.0}
         self.update_calls: list[dict] = []  # what each update_actor call trained on (rows, mini-batch size)
@@ -119,8 +122,12 @@ class CPUActorWorkerGroup:
         temperature = float(batch.extra_info.get("temperature", 1.0))
         was_training = model.training
         model.eval()
-        lp = policy.response_log_probs(model, input_ids, attention_mask, resp, temperature).float()
-        ent = self._entropy(model, input_ids, attention_mask, resp.shape[1], temperature) if with_entropy else None
+        if with_entropy:
+            lp, ent = policy.response_log_probs(
+                model, input_ids, attention_mask, resp, temperature, return_entropy=True
+            )
+        else:
+            lp, ent = policy.response_log_probs(model, input_ids, attention_mask, resp, temperature), None
         model.train(was_training)
         log_probs, entropy = [], []
         for i, (p, r) in enumerate(zip(prompts, lengths, strict=True)):
@@ -137,14 +144,6 @@ class CPUActorWorkerGroup:
         fields = TensorDict(fields, batch_size=len(batch))
         tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=fields)
         return batch
-
-    @staticmethod
-    def _entropy(model, input_ids, attention_mask, width: int, temperature: float) -> torch.Tensor:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        logits = logits[:, -width - 1 : -1].float() / temperature
-        logp = torch.log_softmax(logits, dim=-1)
-        return -(logp.exp() * logp).sum(-1)
 
     def compute_log_prob(self, batch):
         start = time.perf_counter()
@@ -202,13 +201,12 @@ class CPUActorWorkerGroup:
             data,
             actor_config=self.actor_config,
             mini_batch_size=mini,
-            epochs=int(info.get("epochs", self.actor_config.ppo_epochs)),
             temperature=float(info.get("temperature", 1.0)),
-            seed=int(info.get("seed", self.actor_config.data_loader_seed)),
-            shuffle=bool((info.get("dataloader_kwargs") or {}).get("shuffle", self.actor_config.shuffle)),
+            generator=self.shuffle_generator,
         )
         self.timing["update_s"] += time.perf_counter() - start
-        metrics = {k: (list(v) if isinstance(v, (list, tuple)) else [float(v)]) for k, v in dict(metrics).items()}
+        # verl's _update_actor prefixes "actor/" itself and pops "mfu".
+        metrics = {k.removeprefix("actor/"): [float(v)] for k, v in dict(metrics).items()}
         metrics.setdefault("mfu", [0.0])
         return {"metrics": metrics}
 
@@ -223,6 +221,7 @@ class CPUActorWorkerGroup:
                 "python": random.getstate(),
             },
         }
+        state["rng"]["shuffle"] = self.shuffle_generator.get_state()
         if self.server is not None:
             state["rng"]["rollout"] = self.server.generator.get_state()
         return state
@@ -249,6 +248,7 @@ class CPUActorWorkerGroup:
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])
+        self.shuffle_generator.set_state(state["rng"]["shuffle"])
         if self.server is not None and "rollout" in state["rng"]:
             self.server.generator.set_state(state["rng"]["rollout"])
 
