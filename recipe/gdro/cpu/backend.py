@@ -105,8 +105,9 @@ def cpu_trainer_cls(base):
 class CPUTaskRunner:
     """``GDROTaskRunner`` for the CPU backend: trainer, in-process agent loop manager, ``fit``."""
 
-    def __init__(self, trainer_mixins: tuple = ()):
+    def __init__(self, trainer_mixins: tuple = (), own_transfer_queue: bool = True):
         self.trainer_mixins = tuple(trainer_mixins)  # e.g. the benchmark's timers
+        self.own_transfer_queue = own_transfer_queue  # False: the caller has called tq.init (tests)
         self.config = None
         self.trainer = None
         self.agent_loop_manager = None
@@ -119,7 +120,8 @@ class CPUTaskRunner:
         config.transfer_queue.enable = True
         OmegaConf.resolve(config)
         self.config = config
-        tq.init(config.transfer_queue)
+        if self.own_transfer_queue:
+            tq.init(config.transfer_queue)
         succeeded = False
         try:
             cls = cpu_trainer_cls(select_trainer_cls(config))
@@ -138,7 +140,8 @@ class CPUTaskRunner:
                 if self.agent_loop_manager is not None:
                     self.agent_loop_manager.close()
             finally:
-                tq.close()
+                if self.own_transfer_queue:
+                    tq.close()
         return self.trainer
 
 

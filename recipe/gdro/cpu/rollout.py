@@ -32,6 +32,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -121,6 +122,7 @@ class CPURolloutServer:
         self._flusher: asyncio.Task | None = None
         self._last_arrival = 0.0
         self.stats = {"generate_s": 0.0, "requests": 0, "tokens": 0, "batches": 0}
+        self.requests_by_uid: Counter = Counter()  # generate calls per prompt uid (= sessions verl ran)
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
@@ -145,6 +147,7 @@ class CPURolloutServer:
             order = (1 << 30, 0, self._arrival)
         else:
             order = (self._positions.get(ident[0], 1 << 29), ident[1], self._arrival)
+            self.requests_by_uid[ident[0]] += 1
         self._arrival += 1
         req = _Request(list(map(int, prompt_ids)), dict(sampling_params), loop.create_future(), order)
         self._pending.append(req)
@@ -269,6 +272,7 @@ class CPUAgentLoopManager:
         self.thread = threading.Thread(target=self.loop.run_forever, name="cpu-agent-loop", daemon=True)
         self.thread.start()
         self.positions: dict[str, int] = {}  # uid -> position in its dispatched batch (canonical order)
+        self.dispatched: list[dict] = []  # per generate_sequences call: step, uids, scheduled counts
         self.generate_s = 0.0
         self.num_threads = torch.get_num_threads()  # OpenMP's setting is per thread: repeat it on the loop's
         self.worker = self._call(self._build())
@@ -297,6 +301,8 @@ class CPUAgentLoopManager:
             counts = [default_n] * len(uids)
         positions = {u: i for i, u in enumerate(uids)}
         self.positions = positions
+        step = int(batch["global_steps"]) if "global_steps" in batch.keys() else -1
+        self.dispatched.append({"step": step, "validate": validate, "uids": uids, "counts": counts})
         self.server.expect(positions, sum(counts))
         start = time.perf_counter()
         self._call(self._generate(batch))
