@@ -472,9 +472,13 @@ def build_records(
 # --------------------------------------------------------------------------------------------
 
 
-def to_table(records: list[dict], metadata: dict | None = None) -> pa.Table:
-    """Records -> Arrow table with the fixed schema and deterministic (timestamp-free) metadata."""
-    table = pa.Table.from_pylist(records, schema=OUTPUT_SCHEMA)
+def to_table(records: list[dict], metadata: dict | None = None, schema: pa.Schema = OUTPUT_SCHEMA) -> pa.Table:
+    """Records -> Arrow table with the fixed schema and deterministic (timestamp-free) metadata.
+
+    ``schema`` is :data:`OUTPUT_SCHEMA` except for sets that extend it (``arith.py`` appends
+    ``extra_info.skill``).
+    """
+    table = pa.Table.from_pylist(records, schema=schema)
     if metadata:
         table = table.replace_schema_metadata({"gdro_data_prep": json.dumps(metadata, sort_keys=True)})
     return table

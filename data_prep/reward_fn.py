@@ -6,6 +6,8 @@ score most of those names with the wrong scorer or not at all, so this function 
 
 * :data:`MATH_DATA_SOURCES` (the training set ``math_dapo`` and the math evaluation sets) ->
   ``verl.utils.reward_score.math_dapo.compute_score`` (score +1/-1, ``acc``, ``pred``);
+* :data:`ARITH_DATA_SOURCES` (the tiny LM's ``arith_<skill>`` sets, ``Answer: N`` responses) ->
+  ``math_dapo.compute_score`` too;
 * :data:`GPQA_DATA_SOURCES` -> :func:`gpqa_compute_score` (same return keys);
 * anything else -> ``verl.utils.reward_score.default_compute_score`` unchanged.
 
@@ -33,6 +35,9 @@ from verl.utils.reward_score import default_compute_score, math_dapo
 # Names written by data_prep (dapo.py, eval_sets.py). Keep in sync with eval_sets.EVAL_SETS.
 MATH_DATA_SOURCES = frozenset({"math_dapo", "math500", "aime2024", "aime2025", "amc23", "minerva", "olympiadbench"})
 GPQA_DATA_SOURCES = frozenset({"gpqa_diamond"})
+# The tiny LM's arithmetic skills (arith.py writes "arith_<skill>"; keep in sync with arith.SKILLS).
+# Responses end in "Answer: N", which math_dapo's Minerva path extracts.
+ARITH_DATA_SOURCES = frozenset(f"arith_{s}" for s in ("add2", "sub2", "add3", "add4", "mul1x2", "mul2x2"))
 
 CHOICE_LETTERS = "ABCD"
 INVALID = "[INVALID]"  # same marker math_dapo uses when nothing could be extracted
@@ -93,7 +98,7 @@ def compute_score(
     when a reward model router runs, and anything under ``reward.custom_reward_function.reward_kwargs``),
     hence ``**kwargs``.
     """
-    if data_source in MATH_DATA_SOURCES:
+    if data_source in MATH_DATA_SOURCES or data_source in ARITH_DATA_SOURCES:
         return math_dapo.compute_score(solution_str, ground_truth)
     if data_source in GPQA_DATA_SOURCES:
         return gpqa_compute_score(solution_str, ground_truth)

@@ -1,0 +1,277 @@
+"""Arithmetic task family for the tiny LM -> verl RL parquet (``DIR/train.parquet``, ``DIR/val.parquet``).
+
+Usage (from the repository root)::
+
+    python data_prep/arith.py --local_dir ~/data/arith                     # seed 0, 8000 train, 1000 val
+    python -m data_prep.arith --local_dir DIR --seed 1 --num_train 4000 --num_val 500
+
+A family of skills (:data:`SKILLS`) with long-tailed frequencies and graded difficulty, shaped like
+DAPO-14.1k as a base model sees it: a saturated easy core (2-digit addition), a learnable
+frontier (3- and 4-digit addition, 2-digit subtraction), a rare hard skill (1x2-digit
+multiplication) and a share the tiny model cannot solve (2x2-digit multiplication). A prompt is
+the bare problem (``"12+34="``, one user turn); the expected response is ``"Answer: 46"``, which
+verl's ``math_dapo`` scorer reads (its Minerva ``Answer:`` line); ``data_prep/reward_fn.py``
+routes every ``arith_<skill>`` data source there.
+
+Rows have the schema every data_prep file has (:data:`data_prep.common.OUTPUT_SCHEMA`) plus
+``extra_info.skill``; ``data_source`` is ``arith_<skill>``, so verl's validation metrics are
+reported per skill (``val-core/arith_add3/acc/mean@1``). Within each file ``extra_info.index`` is
+the dense position 0..N-1 in order of the prompt's SHA-256, as in ``dapo.py``.
+
+Train/validation disjointness does not depend on the seed: a problem is *validation-eligible*
+iff its SHA-256 falls in a fixed 10% slice (:func:`is_val_problem`). ``val.parquet`` draws only
+eligible problems, ``train.parquet`` and the tiny LM's supervised pretraining
+(``recipe.gdro.cpu.sft``) only the others, so no validation prompt is ever trained on, for any
+seed or size. Problems within a file are distinct; each skill gets its share of the rows
+(largest remainder), drawn without replacement with ``numpy`` from the seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+if __package__ in (None, ""):  # run as `python data_prep/arith.py`: make the package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data_prep.common import (  # noqa: E402
+    OUTPUT_SCHEMA,
+    DataPrepError,
+    Entry,
+    build_records,
+    prompt_hash,
+    to_table,
+    write_parquet_atomic,
+)
+
+ABILITY = "arith"
+DATASET = "gdro-arith"
+DATA_SOURCE_PREFIX = "arith_"
+VAL_SLICE = 10  # one problem in VAL_SLICE (by hash) is reserved for validation
+ANSWER_PREFIX = "Answer: "
+
+# Arrow schema: the common one with extra_info.skill appended (no second copy of the fields).
+_EXTRA = OUTPUT_SCHEMA.field("extra_info")
+SCHEMA = OUTPUT_SCHEMA.set(
+    OUTPUT_SCHEMA.get_field_index("extra_info"),
+    _EXTRA.with_type(pa.struct([*_EXTRA.type, pa.field("skill", pa.string())])),
+)
+
+
+@dataclass(frozen=True)
+class Skill:
+    """One skill: operand digit counts, operator, RL share, and the role it plays."""
+
+    name: str
+    op: str  # "+", "-" or "*"
+    digits: tuple[int, int]  # operand digit counts (no leading zeros)
+    share: float  # fraction of train/val rows
+    role: str  # core / frontier / rare-hard / unsolved (what the shipped base makes of it)
+
+    @property
+    def data_source(self) -> str:
+        return DATA_SOURCE_PREFIX + self.name
+
+    def operand_range(self, k: int) -> tuple[int, int]:
+        d = self.digits[k]
+        if d == 1:  # one-digit operands: 2..9 for multiplication (no x0 / x1), 0..9 otherwise
+            return (2 if self.op == "*" else 0), 10
+        return 10 ** (d - 1), 10**d  # [low, high)
+
+    def pool_size(self) -> int:
+        """Distinct problems of this skill (for subtraction: pairs with a >= b)."""
+        (lo0, hi0), (lo1, hi1) = self.operand_range(0), self.operand_range(1)
+        if self.op != "-":
+            return (hi0 - lo0) * (hi1 - lo1)
+        assert self.digits[0] == self.digits[1]
+        n = hi0 - lo0
+        return n * (n + 1) // 2
+
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """``size`` operand pairs [size, 2] (a >= b for subtraction), with repeats."""
+        (lo0, hi0), (lo1, hi1) = self.operand_range(0), self.operand_range(1)
+        a = rng.integers(lo0, hi0, size=size)
+        b = rng.integers(lo1, hi1, size=size)
+        if self.op == "-":
+            a, b = np.maximum(a, b), np.minimum(a, b)
+        return np.stack([a, b], axis=1)
+
+
+SKILLS: tuple[Skill, ...] = (
+    Skill("add2", "+", (2, 2), 0.35, "core"),
+    Skill("sub2", "-", (2, 2), 0.15, "frontier"),
+    Skill("add3", "+", (3, 3), 0.20, "frontier"),
+    Skill("add4", "+", (4, 4), 0.12, "frontier"),
+    Skill("mul1x2", "*", (1, 2), 0.06, "rare-hard"),
+    Skill("mul2x2", "*", (2, 2), 0.12, "unsolved"),
+)
+SKILL_BY_NAME = {s.name: s for s in SKILLS}
+DATA_SOURCES = tuple(s.data_source for s in SKILLS)
+
+_OPS: dict[str, Callable[[int, int], int]] = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}
+
+
+def problem_text(a: int, op: str, b: int) -> str:
+    """The prompt content: ``"12+34="``."""
+    return f"{a}{op}{b}="
+
+
+def answer(a: int, op: str, b: int) -> int:
+    return _OPS[op](int(a), int(b))
+
+
+def response_text(value: int) -> str:
+    """The expected assistant turn: ``"Answer: 46"``."""
+    return f"{ANSWER_PREFIX}{value}"
+
+
+def is_val_problem(problem: str) -> bool:
+    """True for the fixed ~10% hash slice of problems reserved for validation (seed-independent)."""
+    return int(prompt_hash(problem)[:8], 16) % VAL_SLICE == 0
+
+
+def allocate(total: int, shares: list[float]) -> list[int]:
+    """Split ``total`` rows by ``shares`` with the largest-remainder rule (sums exactly to total)."""
+    raw = [total * s / sum(shares) for s in shares]
+    counts = [int(r) for r in raw]
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def sample_problems(
+    skill: Skill, count: int, rng: np.random.Generator, *, val: bool
+) -> list[tuple[str, int, int, int]]:
+    """``count`` distinct problems ``(text, a, b, answer)`` of one skill from its train or val side.
+
+    Raises :class:`DataPrepError` when the side of the pool cannot hold ``count`` distinct problems.
+    """
+    side = "validation" if val else "train"
+    pool = skill.pool_size()
+    # Expected side size (the hash slice is uniform); exact for small pools, checked below.
+    if pool <= 200_000:
+        (lo0, hi0), (lo1, hi1) = skill.operand_range(0), skill.operand_range(1)
+        eligible = [
+            (a, b)
+            for a in range(lo0, hi0)
+            for b in range(lo1, hi1)
+            if (skill.op != "-" or a >= b) and is_val_problem(problem_text(a, skill.op, b)) == val
+        ]
+        if count > len(eligible):
+            raise DataPrepError(
+                f"skill {skill.name}: {count} distinct {side} problems requested but its {side} pool holds only "
+                f"{len(eligible)} (of {pool}); lower --num_{'val' if val else 'train'}"
+            )
+        picks = rng.choice(len(eligible), size=count, replace=False)
+        pairs = [eligible[i] for i in sorted(picks)]
+        pairs = [pairs[i] for i in rng.permutation(len(pairs))]
+    else:
+        expected = pool / VAL_SLICE if val else pool * (VAL_SLICE - 1) / VAL_SLICE
+        if count > expected / 2:
+            raise DataPrepError(
+                f"skill {skill.name}: {count} distinct {side} problems requested, more than half its {side} "
+                f"pool (~{int(expected)}); lower --num_{'val' if val else 'train'}"
+            )
+        seen: set[tuple[int, int]] = set()
+        pairs = []
+        while len(pairs) < count:
+            for a, b in skill.draw(rng, 2 * (count - len(pairs)) + 16).tolist():
+                if (a, b) in seen or is_val_problem(problem_text(a, skill.op, b)) != val:
+                    continue
+                seen.add((a, b))
+                pairs.append((a, b))
+                if len(pairs) == count:
+                    break
+    return [(problem_text(a, skill.op, b), a, b, answer(a, skill.op, b)) for a, b in pairs]
+
+
+def build_split(total: int, seed: int, *, val: bool) -> list[dict]:
+    """All rows of one split, index-ordered by prompt hash (as dapo.py orders its rows)."""
+    counts = allocate(total, [s.share for s in SKILLS])
+    # One independent stream per (seed, split, skill): adding a skill does not reshuffle the others.
+    entries: list[tuple[str, Entry, Skill]] = []
+    for k, (skill, count) in enumerate(zip(SKILLS, counts, strict=True)):
+        rng = np.random.default_rng([seed, int(val), k])
+        for row, (text, _a, _b, value) in enumerate(sample_problems(skill, count, rng, val=val)):
+            entry = Entry(
+                problem=text,
+                ground_truth=str(value),
+                source_index=f"{skill.name}:{text}",
+                source_row=row,
+                where=f"{skill.name} row {row}",
+                prompt_content=text,
+            )
+            entries.append((prompt_hash(text), entry, skill))
+    entries.sort(key=lambda item: item[0])
+    records = build_records(
+        [(key, entry) for key, entry, _ in entries],
+        data_source=DATA_SOURCE_PREFIX,
+        ability=ABILITY,
+        split="test" if val else "train",
+        dataset=DATASET,
+    )
+    for record, (_, _, skill) in zip(records, entries, strict=True):
+        record["data_source"] = skill.data_source
+        record["extra_info"]["skill"] = skill.name
+    return records
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--local_dir", required=True, help="output folder; train.parquet and val.parquet are written there")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num_train", type=int, default=8000, help="distinct training prompts (default 8000)")
+    p.add_argument("--num_val", type=int, default=1000, help="distinct validation prompts (default 1000)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    """CLI entry point; returns the process exit code (2 on a bad argument or an unwritable folder)."""
+    args = parse_args(argv)
+    try:
+        for name in ("num_train", "num_val"):
+            if getattr(args, name) < 1:
+                raise DataPrepError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.seed < 0:
+            raise DataPrepError(f"--seed must be >= 0, got {args.seed}")
+        out_dir = Path(os.path.expanduser(args.local_dir))
+        if out_dir.exists() and not out_dir.is_dir():
+            raise DataPrepError(f"--local_dir {out_dir} exists and is not a folder")
+        tables = {}
+        for split, total, val in (("train", args.num_train, False), ("val", args.num_val, True)):
+            records = build_split(total, args.seed, val=val)
+            metadata = {
+                "set": f"arith-{split}",
+                "dataset": DATASET,
+                "seed": args.seed,
+                "rows": len(records),
+                "skills": {s.name: s.share for s in SKILLS},
+                "index_order": "sha256(problem text)",
+            }
+            tables[split] = to_table(records, metadata, schema=SCHEMA)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for split, table in tables.items():
+                write_parquet_atomic(table, out_dir / f"{split}.parquet")
+        except OSError as e:
+            raise DataPrepError(f"cannot write to --local_dir {out_dir}: {e.strerror or e}") from e
+    except DataPrepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for split, table in tables.items():
+        print(f"wrote {out_dir / (split + '.parquet')}: {table.num_rows} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""A direct GRPO / GDRO training loop for the tiny LM: no Ray, no TransferQueue, one process.
+
+Usage (from the repository root)::
+
+    python -m recipe.gdro.cpu.direct --steps 200 --method grpo --out /tmp/direct_grpo.json
+    python -m recipe.gdro.cpu.direct --steps 200 --method rollout_gdro --lr 3e-4
+
+One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it:
+
+1. draw ``--prompts`` training prompts (epoch-shuffled, ``data_prep/arith.py``'s train split);
+2. ``GDROController.schedule`` -> the rollout count n(x) of each prompt (n̄ = ``--n`` for GRPO);
+3. :func:`recipe.gdro.cpu.policy.sample` the rollouts at temperature 1, score them with
+   ``data_prep.reward_fn.compute_score`` (verl's ``math_dapo``: +1 / -1);
+4. verl's ``compute_grpo_outcome_advantage`` per prompt group;
+5. ``GDROController.observe`` (accuracy and |A| per response) -> per-response multipliers,
+   applied to the advantages (Prompt-GDRO's reweighting; all ones otherwise);
+6. :func:`recipe.gdro.cpu.policy.ppo_update` with verl's vanilla clipped loss, one mini-batch
+   of the whole step (on-policy: the rollout log-probs are the old log-probs, ratio 1).
+
+``run_direct(config)`` returns per-skill validation accuracy before and after, per-step metrics
+and timings; the CLI prints them and writes them as JSON with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+from data_prep import arith
+from recipe.gdro.cpu import policy, tasks
+from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR, load_model, load_tokenizer
+from verl_ext import GDROController
+from verl_ext.config import gdro_config_from_dict
+
+METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
+
+
+@dataclass
+class DirectConfig:
+    """Everything ``run_direct`` reads (defaults: the study harness's quick setting)."""
+
+    model_path: str = str(BASE_MODEL_DIR)
+    steps: int = 200
+    prompts: int = 64  # prompts per step
+    n: int = 4  # mean rollouts per prompt
+    lr: float = 3e-4
+    temperature: float = 1.0
+    max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
+    method: str = "grpo"
+    gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
+    num_train: int = 8000
+    num_val: int = 1000
+    data_seed: int = 0
+    seed: int = 0
+    eval_samples: int = 1
+    actor: dict = field(
+        default_factory=lambda: {
+            "clip_ratio": 0.2,
+            "clip_ratio_low": 0.2,
+            "clip_ratio_high": 0.28,
+            "loss_agg_mode": "token-mean",
+            "policy_loss": {"loss_mode": "vanilla"},
+            "entropy_coeff": 0.0,
+            "use_kl_loss": False,
+            "ppo_epochs": 1,
+            "optim": {"clip_grad": 1.0},
+        }
+    )
+
+
+def method_gdro(method: str, n: int) -> dict[str, Any]:
+    """The ``gdro:`` section of a method (GRPO keeps the binner observing, adversaries off)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    return {
+        "observe": True,
+        "prompt": {"enable": method in ("prompt_gdro", "joint")},
+        "rollout": {"enable": method in ("rollout_gdro", "joint"), "n_mean": n},
+    }
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
+    """Train the model at ``config.model_path`` and return before/after validation and step metrics."""
+    if isinstance(config, dict):
+        config = DirectConfig(**config)
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    model = load_model(config.model_path)
+    tok = load_tokenizer(config.model_path)
+    train = arith.build_split(config.num_train, config.data_seed, val=False)
+    val = arith.build_split(config.num_val, config.data_seed, val=True)
+    prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
+    ctl = GDROController(gdro_config_from_dict(_merge(method_gdro(config.method, config.n), config.gdro)), len(train))
+    actor = dict(config.actor, ppo_mini_batch_size=config.prompts, rollout_n=config.n)
+    optimizer = policy.make_optimizer(model, config.lr)
+
+    t0 = time.perf_counter()
+    before = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    eval_seconds = time.perf_counter() - t0
+    log(f"before ({eval_seconds:.0f} s):\n{tasks.format_table(before)}")
+
+    order = rng.permutation(len(train))
+    cursor = 0
+    history = []
+    t_train = time.perf_counter()
+    for step in range(config.steps):
+        t_step = time.perf_counter()
+        if cursor + config.prompts > len(order):
+            order, cursor = rng.permutation(len(train)), 0
+        ids = order[cursor : cursor + config.prompts]
+        cursor += config.prompts
+        counts = ctl.schedule(ids)
+        pid = np.repeat(ids, counts)
+        out = policy.sample(
+            model,
+            [prompt_tokens[i] for i in pid],
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            generator=generator,
+        )
+        acc = np.array(
+            [
+                tasks.score(
+                    train[i]["data_source"],
+                    tok.decode(r, skip_special_tokens=True),
+                    train[i]["reward_model"]["ground_truth"],
+                )
+                for i, (r, _) in zip(pid, out, strict=True)
+            ]
+        )
+        batch = _to_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)
+        lengths = batch["response_mask"].sum(1)
+        rewards = torch.zeros_like(batch["old_log_probs"])
+        rewards[torch.arange(len(pid)), lengths - 1] = torch.as_tensor(np.where(acc, 1.0, -1.0), dtype=torch.float32)
+        advantages, _ = compute_grpo_outcome_advantage(rewards, batch["response_mask"], index=pid)
+        abs_adv = advantages.abs().amax(dim=1).double().numpy()
+        mult = ctl.observe(pid, acc, response_abs_advantage=abs_adv)
+        batch["advantages"] = advantages * torch.as_tensor(mult, dtype=torch.float32)[:, None]
+        metrics = policy.ppo_update(
+            model,
+            optimizer,
+            batch,
+            actor_config=actor,
+            mini_batch_size=len(pid),
+            temperature=config.temperature,
+        )
+        metrics.update(
+            {
+                "step": step + 1,
+                "train/acc": float(acc.mean()),
+                "train/response_length": float(lengths.float().mean()),
+                "train/rollouts": int(len(pid)),
+                "time/step_s": time.perf_counter() - t_step,
+            }
+        )
+        metrics.update(ctl.metrics())
+        history.append(metrics)
+        if (step + 1) % max(1, config.steps // 10) == 0:
+            log(
+                f"step {step + 1}/{config.steps} train acc {metrics['train/acc']:.3f} "
+                f"len {metrics['train/response_length']:.1f} ({time.perf_counter() - t_train:.0f} s)"
+            )
+    train_seconds = time.perf_counter() - t_train
+    after = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
+    log(tasks.format_table(after))
+    return {
+        "config": config.__dict__,
+        "before": before,
+        "after": after,
+        "train_seconds": train_seconds,
+        "seconds_per_step": train_seconds / max(1, config.steps),
+        "eval_seconds": eval_seconds,
+        "history": history,
+        "model": model,
+    }
+
+
+def _to_batch(prompts: list[list[int]], out, pad: int) -> dict[str, torch.Tensor]:
+    """verl's layout from sampled rollouts: left-padded prompts ‖ right-padded responses."""
+    ids, mask = policy.left_pad(prompts, pad)
+    width = max(len(r) for r, _ in out)
+    responses = torch.full((len(out), width), pad, dtype=torch.long)
+    response_mask = torch.zeros((len(out), width), dtype=torch.long)
+    old = torch.zeros((len(out), width), dtype=torch.float32)
+    for i, (r, lp) in enumerate(out):
+        responses[i, : len(r)] = torch.as_tensor(r)
+        response_mask[i, : len(r)] = 1
+        old[i, : len(r)] = torch.as_tensor(lp)
+    return {
+        "input_ids": torch.cat([ids, responses], 1),
+        "attention_mask": torch.cat([mask, response_mask], 1),
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_log_probs": old,
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    d = DirectConfig()
+    p.add_argument("--model_path", default=d.model_path)
+    p.add_argument("--method", choices=METHODS, default=d.method)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--prompts", type=int, default=d.prompts)
+    p.add_argument("--n", type=int, default=d.n)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval_samples", type=int, default=d.eval_samples)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="write the result (without the model) as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for name in ("steps", "prompts", "n", "eval_samples", "threads"):
+        if getattr(args, name) < 1:
+            print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.n < 2:
+        print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    config = DirectConfig(
+        model_path=args.model_path,
+        method=args.method,
+        steps=args.steps,
+        prompts=args.prompts,
+        n=args.n,
+        lr=args.lr,
+        seed=args.seed,
+        eval_samples=args.eval_samples,
+    )
+    result = run_direct(config)
+    result.pop("model")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1, default=float) + "\n", encoding="utf-8")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
