@@ -24,8 +24,10 @@ order. With a fixed seed a run is then reproducible, and a resumed run equals th
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
+import time
 from types import SimpleNamespace
 
 import torch
@@ -37,6 +39,7 @@ from recipe.gdro.cpu.workers import CPUActorWorkerGroup, CPUCheckpointEngine
 logger = logging.getLogger(__name__)
 
 RAY_CPUS = 2
+STATS_FILE = "cpu_backend_stats.json"
 
 
 def is_cpu_backend(config: DictConfig) -> bool:
@@ -130,8 +133,10 @@ class CPUTaskRunner:
             self.trainer = cls(config=config)
             self.trainer.init()
             self.agent_loop_manager = CPUAgentLoopManager(config, self.trainer.cpu_server)
+            start = time.perf_counter()
             self.trainer.fit(self.agent_loop_manager)
             succeeded = True
+            self.write_stats(time.perf_counter() - start)
         finally:
             try:
                 tracking = getattr(self.trainer, "logger", None)
@@ -143,6 +148,22 @@ class CPUTaskRunner:
                 if self.own_transfer_queue:
                     tq.close()
         return self.trainer
+
+    def write_stats(self, fit_seconds: float) -> None:
+        """``<trainer.default_local_dir>/cpu_backend_stats.json``: what the rollout generated, and the fit time."""
+        server = self.trainer.cpu_server
+        stats = {
+            "fit_seconds": fit_seconds,
+            "generated_tokens": int(server.stats["tokens"]),
+            "generated_responses": int(server.stats["requests"]),
+            "generation_seconds": server.stats["generate_s"],
+            "global_steps": int(self.trainer.global_steps) - 1,
+            "torch_threads": torch.get_num_threads(),
+        }
+        folder = str(self.config.trainer.default_local_dir)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, STATS_FILE), "w") as f:
+            json.dump(stats, f, indent=1)
 
 
 def prepare_cpu_config(config: DictConfig) -> DictConfig:
