@@ -57,7 +57,7 @@ def make_data(folder: Path, num_train: int, num_val: int, seed: int = 0) -> tupl
 
 
 def tiny_overrides(train: Path, val: Path, out: Path, *, batch: int = 64, n: int = 4, steps: int = 10) -> list[str]:
-    """The tiny CPU run's settings (run_scripts/tiny_cpu.sh uses the same ones)."""
+    """The tiny CPU run's settings (the same as run_scripts/tiny_cpu.sh's, without validation)."""
     from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR
 
     return [
@@ -80,7 +80,11 @@ def tiny_overrides(train: Path, val: Path, out: Path, *, batch: int = 64, n: int
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.actor.entropy_coeff=0",
         "algorithm.use_kl_in_reward=false",
-        "trainer.logger=[console]",
+        "reward.custom_reward_function.path=pkg://data_prep.reward_fn",
+        "reward.custom_reward_function.name=compute_score",
+        "actor_rollout_ref.rollout.seed=0",
+        "data.seed=0",
+        "trainer.logger=[]",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",

@@ -5,8 +5,9 @@
 #   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/tiny_cpu.sh [hydra overrides...]
 #
 # Defaults: 64 prompts x 4 rollouts per step, 40 steps, validation (greedy, one sample per prompt)
-# before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith)
-# under $DATA_DIR (default tiny_cpu_data/); outputs (checkpoints, gdro_metrics.jsonl) under
+# before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith:
+# $NUM_TRAIN=640 training prompts, so each is revisited every 10 steps and the difficulty binner,
+# which keys prompts by id, can place them; $NUM_VAL=300) under $DATA_DIR (default tiny_cpu_data/); outputs (checkpoints, gdro_metrics.jsonl) under
 # $OUT_DIR (default tiny_cpu_out/$METHOD). Arguments are Hydra overrides and win over the defaults,
 # e.g. trainer.total_training_steps=100 actor_rollout_ref.actor.optim.lr=1e-3.
 # Uses .venv/ when it exists (run_scripts/setup_env.sh makes it).
@@ -17,8 +18,8 @@ cd "$(dirname "$0")/.."
 METHOD=${METHOD:-grpo}
 DATA_DIR=${DATA_DIR:-tiny_cpu_data}
 OUT_DIR=${OUT_DIR:-tiny_cpu_out/$METHOD}
-NUM_TRAIN=${NUM_TRAIN:-4000}
-NUM_VAL=${NUM_VAL:-600}
+NUM_TRAIN=${NUM_TRAIN:-640}
+NUM_VAL=${NUM_VAL:-300}
 
 case "$METHOD" in
   grpo)         ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=false) ;;
@@ -70,4 +71,5 @@ exec "$PY" -m recipe.gdro.main_gdro \
   trainer.default_local_dir="$OUT_DIR" \
   trainer.resume_mode=disable \
   trainer.n_gpus_per_node=1 \
+  hydra.job_logging.root.level=WARNING \
   "$@"

@@ -347,3 +347,69 @@ def test_config_is_the_documented_switch():
 
     with pytest.raises(GDROConfigError, match="backend"):
         gdro_config_from_dict({"backend": "tpu"})
+
+
+# ---------------------------------------------------------------------------------------- (i)
+class RewardLog:
+    """Trainer mixin: verl's per-step mean training score (critic/score/mean)."""
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        self.scores = getattr(self, "scores", []) + [float(metrics["critic/score/mean"])]
+
+
+def frontier_prompts(base: Path, count: int, tries: int = 8) -> list[dict]:
+    """Training prompts the base solves sometimes but not always (2..tries-2 of ``tries`` samples)."""
+    from data_prep import arith
+    from recipe.gdro.cpu import tasks
+
+    tok = tinylm.load_tokenizer(base)
+    model = tinylm.load_model(base)
+    rows = arith.build_split(2000, 0, val=False)
+    prompts = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in rows]
+    gen = torch.Generator().manual_seed(0)
+    out = policy.sample(
+        model,
+        [p for p in prompts for _ in range(tries)],
+        max_new_tokens=tasks.MAX_RESPONSE_TOKENS,
+        temperature=1.0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        generator=gen,
+    )
+    picked = []
+    for i, row in enumerate(rows):
+        truth = row["reward_model"]["ground_truth"]
+        texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in out[i * tries : (i + 1) * tries]]
+        wins = sum(tasks.score(row["data_source"], text, truth) for text in texts)
+        if 2 <= wins <= tries - 2:
+            picked.append(row)
+        if len(picked) == count:
+            break
+    assert len(picked) == count, f"only {len(picked)} frontier prompts among 2000"
+    for k, row in enumerate(picked):
+        row["extra_info"]["index"] = k
+    return picked
+
+
+def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
+    base = tinylm.BASE_MODEL_DIR
+    work = tmp_path_factory.mktemp("learn")
+    train = work / "frontier.parquet"
+    S.write_parquet(str(train), frontier_prompts(base, 32))
+    gains = {}
+    for lr in (1e-3, 0.0):
+        overrides = [
+            *base_overrides(work / f"lr{lr}", base, train, batch=16, steps=30),
+            f"actor_rollout_ref.actor.optim.lr={lr}",
+            "actor_rollout_ref.actor.use_kl_loss=false",
+            "data.max_response_length=16",
+            "reward.custom_reward_function.path=pkg://data_prep.reward_fn",
+            "reward.custom_reward_function.name=compute_score",
+            "trainer.save_freq=-1",
+        ]
+        trainer, _ = run(overrides, mixins=(RewardLog,))
+        acc = (np.asarray(trainer.scores) + 1) / 2  # math_dapo: score +1 correct, -1 wrong
+        gains[lr] = float(acc[-6:].mean() - acc[:6].mean())
+    print("training accuracy gain (last 6 - first 6 steps):", gains)
+    assert gains[1e-3] - gains[0.0] > 0.15, gains

@@ -133,7 +133,9 @@ def write_report(out: Path, methods: list[str], walls: dict[str, float], steps: 
         f"Every run: the shipped base (recipe/gdro/cpu/base), {steps} steps of 64 prompts x 4 rollouts "
         "(the same total rollouts), the same data and seed, through verl 0.9.1's v1 loop with the CPU "
         "backend (`gdro.backend=cpu`, docs/cpu_backend.md). Validation: greedy, one response per "
-        "validation prompt, before training and every 10 steps.",
+        "validation prompt, before training and every 10 steps. 640 training prompts, so each is revisited "
+        "every 10 steps (the difficulty binner keys prompts by id; in the first 10 steps every prompt is "
+        "unseen and GDRO's allocation and weights are uniform).",
         "",
         "## Per-skill validation accuracy (greedy pass@1), before -> after",
         "",
@@ -202,10 +204,7 @@ def main(argv=None) -> int:
         print(f"quickstart: unknown run {unknown[0]!r}; use {', '.join(RUN_LABELS)}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
-    data = out / "data"
-    if not (data / "train.parquet").exists():
-        cmd = [sys.executable, "-m", "data_prep.arith", f"--local_dir={data}", "--seed=0"]
-        subprocess.run(cmd, cwd=REPO, check=True)
+    data = out / "data"  # made by the first tiny_cpu.sh run (its NUM_TRAIN / NUM_VAL defaults)
     walls = {m: run_one(m, out, data, args.steps, extra) for m in methods}
     print(write_report(out, methods, walls, args.steps, args.install_seconds))
     print(f"[quickstart] report: {out / 'report.md'}")

@@ -422,7 +422,7 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, s
     shipped = ship_code_to_workers(config, environ)
     forwarded = forward_offline_env(config, environ)
     kv_line = ""
-    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm":
+    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm" and not cpu_backend:
         try:
             estimate = kv_cache_estimate(config, gpu_gib=_local_gpu_gib())
         except Exception:  # noqa: BLE001 - an estimate must never stop a launch
