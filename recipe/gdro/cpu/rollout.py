@@ -122,6 +122,7 @@ class CPURolloutServer:
         self._flusher: asyncio.Task | None = None
         self._last_arrival = 0.0
         self.stats = {"generate_s": 0.0, "requests": 0, "tokens": 0, "batches": 0}
+        self.num_threads = torch.get_num_threads()
         self.requests_by_uid: Counter = Counter()  # generate calls per prompt uid (= sessions verl ran)
 
     # ------------------------------------------------------------------ weights
@@ -197,6 +198,9 @@ class CPURolloutServer:
     def _sample(self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int):
         from recipe.gdro.cpu import policy
 
+        # TransferQueue's client resets torch's thread count after every put (limit_pytorch_auto_parallel_threads
+        # restores the value it saw at import), so the backend's setting is applied again before each batch.
+        torch.set_num_threads(self.num_threads)
         start = time.perf_counter()
         out = policy.sample(
             self.model,

@@ -99,6 +99,7 @@ class CPUActorWorkerGroup:
         self.shuffle_generator = torch.Generator().manual_seed(int(self.actor_config.get("data_loader_seed", 42)))
         self._dispatch_info: dict = {}
         self.timing = {"log_prob_s": 0.0, "ref_s": 0.0, "update_s": 0.0}
+        self.num_threads = torch.get_num_threads()  # re-applied before each computation (TransferQueue resets it)
         self.update_calls: list[dict] = []  # what each update_actor call trained on (rows, mini-batch size)
 
     # ------------------------------------------------------------------ verl's worker-group interface
@@ -120,6 +121,7 @@ class CPUActorWorkerGroup:
         prompts, responses = _nested_rows(data["prompts"]), _nested_rows(data["responses"])
         input_ids, attention_mask, resp, lengths = pack_sequences(prompts, responses, self.pad_token_id)
         temperature = float(batch.extra_info.get("temperature", 1.0))
+        torch.set_num_threads(self.num_threads)
         was_training = model.training
         model.eval()
         if with_entropy:
@@ -194,6 +196,7 @@ class CPUActorWorkerGroup:
         data = self.training_batch(batch)
         mini = int(info["mini_batch_size"])
         self.update_calls.append({"rows": len(batch), "mini_batch_size": mini})
+        torch.set_num_threads(self.num_threads)
         self.model.train()
         metrics = policy.ppo_update(
             self.model,
