@@ -39,7 +39,7 @@ VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
 # `recipe.gdro` itself is a regular package. The config/ and sim/scenarios/ folders are package data.
 PACKAGES = find_namespace_packages(
     include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
-    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios"],
+    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.cpu.base"],
 )
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
@@ -62,7 +62,10 @@ setup(
     python_requires=">=3.10,<3.13",
     license="Apache-2.0",
     packages=PACKAGES,
-    package_data={"recipe.gdro": ["config/*.yaml", "sim/scenarios/*.yaml", "sim/scenarios/*.csv"]},
+    package_data={
+        # cpu/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
+        "recipe.gdro": ["config/*.yaml", "sim/scenarios/*.yaml", "sim/scenarios/*.csv", "cpu/base/*"],
+    },
     include_package_data=True,
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install

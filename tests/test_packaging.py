@@ -96,6 +96,10 @@ def test_wheel_contents(wheel):
         "recipe/gdro/config/__init__.py",
         "recipe/gdro/config/gdro_trainer.yaml",
         "recipe/gdro/sim/scenarios/dapo_like.yaml",
+        "recipe/gdro/cpu/policy.py",
+        "recipe/gdro/cpu/base/config.json",
+        "recipe/gdro/cpu/base/model.safetensors",
+        "recipe/gdro/cpu/base/tokenizer.json",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",
     ):

@@ -32,7 +32,7 @@ import torch
 
 from data_prep import arith
 from recipe.gdro.cpu.tasks import evaluate, format_table, prompt_ids, val_records
-from recipe.gdro.cpu.tinylm import build_model, build_tokenizer, num_parameters
+from recipe.gdro.cpu.tinylm import build_model, build_tokenizer, load_model, load_tokenizer, num_parameters
 
 # The SFT mixture (relative weights), the one the shipped base was trained with. The frontier
 # skills are over-sampled relative to their RL share so the base reaches them; mul2x2 gets a
@@ -100,9 +100,14 @@ def train(args: argparse.Namespace, log=print):
     """Train a fresh tiny LM; returns ``(model, tokenizer, seconds)``."""
     torch.manual_seed(args.seed)
     tokenizer = build_tokenizer()
-    model = build_model(tokenizer, args.hidden, args.layers, intermediate_size=args.intermediate, seed=args.seed)
+    if args.init:  # continue from a saved model (a second stage; its own stream and schedule)
+        model = load_model(args.init)
+        if load_tokenizer(args.init).get_vocab() != tokenizer.get_vocab():
+            raise ValueError(f"--init {args.init}: its tokenizer is not the tiny LM's")
+    else:
+        model = build_model(tokenizer, args.hidden, args.layers, intermediate_size=args.intermediate, seed=args.seed)
     log(f"model: {num_parameters(model):,} parameters, vocabulary {len(tokenizer)}")
-    stream = ProblemStream(tokenizer, args.seed, parse_weights(args.weights))
+    stream = ProblemStream(tokenizer, args.seed + (1000 if args.init else 0), parse_weights(args.weights))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     model.train()
     start = time.perf_counter()
@@ -154,6 +159,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--intermediate", type=int, default=256)
+    p.add_argument("--init", default=None, help="start from this saved model instead of a fresh one")
     p.add_argument("--weights", default=None, help="SFT mixture overrides, e.g. add2=2,mul2x2=0.5")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a shared machine)")
     p.add_argument("--eval_samples", type=int, default=4, help="temperature-1 draws per validation prompt")

@@ -1,0 +1,448 @@
+"""The tiny LM: arithmetic data, tokenizer, shipped base, sampling / log-probs and the PPO update."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from data_prep import arith, reward_fn
+from data_prep.common import OUTPUT_SCHEMA
+from recipe.gdro.cpu import policy, tasks
+from recipe.gdro.cpu.sft import ProblemStream, collate
+from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: much faster than two on a shared machine, and bit-stable."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def arith_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith")
+    assert arith.main(["--local_dir", str(out), "--num_train", "3000", "--num_val", "400", "--seed", "3"]) == 0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# data_prep/arith.py
+# ---------------------------------------------------------------------------------------------
+
+
+def test_arith_files_are_deterministic_and_seed_dependent(arith_dir, tmp_path):
+    again = tmp_path / "again"
+    other = tmp_path / "other"
+    assert arith.main(["--local_dir", str(again), "--num_train", "3000", "--num_val", "400", "--seed", "3"]) == 0
+    assert arith.main(["--local_dir", str(other), "--num_train", "3000", "--num_val", "400", "--seed", "4"]) == 0
+    for name in ("train.parquet", "val.parquet"):
+        assert (arith_dir / name).read_bytes() == (again / name).read_bytes()
+        a = pq.read_table(arith_dir / name).column("prompt").to_pylist()
+        b = pq.read_table(other / name).column("prompt").to_pylist()
+        assert a != b
+
+
+def test_arith_schema_is_the_common_one_plus_skill(arith_dir):
+    for name in ("train.parquet", "val.parquet"):
+        schema = pq.read_schema(arith_dir / name)
+        assert schema.remove_metadata() == arith.SCHEMA.remove_metadata()
+        extra = schema.field("extra_info").type
+        common = OUTPUT_SCHEMA.field("extra_info").type
+        assert [f.name for f in extra] == [f.name for f in common] + ["skill"]
+        for other in ("data_source", "prompt", "ability", "reward_model"):
+            assert schema.field(other).type == OUTPUT_SCHEMA.field(other).type
+
+
+def test_arith_rows_indices_skills_and_answers(arith_dir):
+    for name, total in (("train.parquet", 3000), ("val.parquet", 400)):
+        rows = pq.read_table(arith_dir / name).to_pylist()
+        assert len(rows) == total
+        assert [r["extra_info"]["index"] for r in rows] == list(range(total))
+        hashes = [r["extra_info"]["prompt_hash"] for r in rows]
+        assert hashes == sorted(hashes) and len(set(hashes)) == total
+        contents = [r["prompt"][0]["content"] for r in rows]
+        assert len(set(contents)) == total
+        counts = {s.name: 0 for s in arith.SKILLS}
+        for r in rows:
+            skill = arith.SKILL_BY_NAME[r["extra_info"]["skill"]]
+            counts[skill.name] += 1
+            assert r["data_source"] == f"arith_{skill.name}"
+            assert r["prompt"] == [{"role": "user", "content": r["prompt"][0]["content"]}]
+            a, b = r["prompt"][0]["content"].rstrip("=").split(skill.op)
+            assert len(a) == skill.digits[0] and len(b) == skill.digits[1]
+            assert r["reward_model"]["ground_truth"] == str(arith.answer(int(a), skill.op, int(b)))
+            assert int(r["reward_model"]["ground_truth"]) >= 0
+        assert list(counts.values()) == arith.allocate(total, [s.share for s in arith.SKILLS])
+
+
+def test_validation_prompts_never_trained_on(arith_dir, tok):
+    train = {r["prompt"][0]["content"] for r in pq.read_table(arith_dir / "train.parquet").to_pylist()}
+    val = {r["prompt"][0]["content"] for r in pq.read_table(arith_dir / "val.parquet").to_pylist()}
+    assert not train & val
+    assert all(arith.is_val_problem(v) for v in val) and not any(arith.is_val_problem(t) for t in train)
+    # nor by the supervised pretraining stream: it rejects the whole validation slice
+    stream = ProblemStream(tok, seed=0)
+    drawn = stream.draw(3000)
+    texts = [tok.decode(p, skip_special_tokens=True) for _, p, _ in drawn]
+    assert not any(arith.is_val_problem(t) for t in texts)
+    assert {s for s, _, _ in drawn} == set(arith.SKILL_BY_NAME)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num_train", "0"], "--num_train must be a positive integer"),
+        (["--num_val", "-3"], "--num_val must be a positive integer"),
+        (["--num_train", "30000"], "skill add2: 10500 distinct train problems requested"),
+        (["--num_val", "5000"], "skill add2: 1750 distinct validation problems"),
+    ],
+)
+def test_arith_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, message):
+    assert arith.main(["--local_dir", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "o" / "train.parquet").exists()
+
+
+def test_arith_unwritable_folder_exit_2(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "data_prep" / "arith.py"), "--local_dir", str(blocker / "sub")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: cannot write to --local_dir") and "Traceback" not in proc.stderr
+
+
+def test_reward_fn_routes_every_arith_source_to_math_dapo(arith_dir):
+    assert reward_fn.ARITH_DATA_SOURCES == set(arith.DATA_SOURCES)
+    rows = pq.read_table(arith_dir / "val.parquet").to_pylist()
+    seen = set()
+    for r in rows:
+        if r["data_source"] in seen:
+            continue
+        seen.add(r["data_source"])
+        gt = r["reward_model"]["ground_truth"]
+        right = reward_fn.compute_score(r["data_source"], arith.response_text(int(gt)), gt, r["extra_info"])
+        wrong = reward_fn.compute_score(r["data_source"], arith.response_text(int(gt) + 1), gt, r["extra_info"])
+        assert right == {"score": 1.0, "acc": True, "pred": gt}
+        assert wrong["score"] == -1.0 and wrong["acc"] is False
+        # only the last "Answer:" line counts; a bare number is not an answer
+        assert reward_fn.compute_score(r["data_source"], f"Answer: 0\nAnswer: {gt}", gt)["acc"] is True
+        assert reward_fn.compute_score(r["data_source"], gt, gt)["acc"] is False
+    assert seen == set(arith.DATA_SOURCES)
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenizer and model
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trip_and_chat_template(tok):
+    text = "Answer: 1023\n987-654=(3*4)"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.unk_token_id in tok("x", add_special_tokens=False)["input_ids"]
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "12+34="}], add_generation_prompt=True, tokenize=False
+    )
+    assert rendered == "<|user|>12+34=<|end|><|assistant|>"
+    ids = tasks.prompt_ids(tok, "12+34=")
+    assert tok.convert_ids_to_tokens(ids) == ["<|user|>", *"12+34=", "<|end|>", "<|assistant|>"]
+    assert tok.eos_token == "<|end|>" and tok.pad_token_id != tok.eos_token_id
+    # SFT's fast path renders prompts exactly as the chat template does
+    stream = ProblemStream(tok, seed=1)
+    for _, prompt, response in stream.draw(20):
+        content = tok.decode(prompt, skip_special_tokens=True)
+        assert prompt == tasks.prompt_ids(tok, content)
+        assert response[-1] == tok.eos_token_id
+        assert tok.decode(response, skip_special_tokens=True).startswith("Answer: ")
+
+
+def test_saved_model_loads_as_a_plain_hf_path(tok, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = build_model(tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    loaded_tok = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), local_files_only=True)
+    assert type(loaded).__name__ == "Qwen3ForCausalLM" and loaded.config.tie_word_embeddings
+    msgs = [{"role": "user", "content": "5*67="}]
+    assert loaded_tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == (
+        tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    )
+    x = torch.tensor([tasks.prompt_ids(tok, "5*67=")])
+    torch.testing.assert_close(loaded(x).logits, model(x).logits)
+
+
+def test_shipped_base_is_small_loads_offline_and_spans_the_difficulty_range(tok):
+    files = {p.name for p in BASE_MODEL_DIR.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
+    assert sum(p.stat().st_size for p in BASE_MODEL_DIR.iterdir()) < 5 * 2**20
+    info = json.loads((BASE_MODEL_DIR / "sft_info.json").read_text())
+    model = load_model(BASE_MODEL_DIR)
+    base_tok = load_tokenizer(BASE_MODEL_DIR)
+    assert base_tok.get_vocab() == tok.get_vocab()
+    records = tasks.val_records(1000, 0)
+    easy = [r for r in records if r["extra_info"]["skill"] == "add2"][:96]
+    hard = [r for r in records if r["extra_info"]["skill"] == "mul2x2"][:96]
+    result = tasks.evaluate(model, base_tok, easy + hard, samples=1, seed=0)
+    assert result["add2"]["pass1"] >= 0.8
+    assert result["mul2x2"]["pass1"] <= 0.1
+    # the measured figures recorded beside the model agree with this re-measurement
+    assert abs(info["validation"]["add2"]["pass1"] - result["add2"]["pass1"]) < 0.12
+
+
+# ---------------------------------------------------------------------------------------------
+# policy: sample / response_log_probs / ppo_update
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def rollout(tok):
+    """A fresh random model and a temperature-0.8 rollout batch in verl's layout."""
+    model = build_model(tok, seed=5)
+    contents = ["1+2=", "345+678=", "9*87=", "55-17=", "12*34="]
+    prompts = [tasks.prompt_ids(tok, c) for c in contents]
+    out = policy.sample(
+        model,
+        prompts,
+        max_new_tokens=10,
+        temperature=0.8,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+    )
+    return model, prompts, out, to_batch(prompts, out, tok.pad_token_id)
+
+
+def to_batch(prompts, out, pad):
+    ids, mask = policy.left_pad(prompts, pad)
+    width = max(len(r) for r, _ in out)
+    responses = torch.full((len(out), width), pad)
+    response_mask = torch.zeros((len(out), width), dtype=torch.long)
+    old = torch.zeros((len(out), width))
+    for i, (r, lp) in enumerate(out):
+        responses[i, : len(r)] = torch.tensor(r)
+        response_mask[i, : len(r)] = 1
+        old[i, : len(r)] = torch.tensor(lp)
+    return {
+        "input_ids": torch.cat([ids, responses], 1),
+        "attention_mask": torch.cat([mask, response_mask], 1),
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_log_probs": old,
+    }
+
+
+def test_sample_honours_max_new_tokens_and_eos(tok, rollout):
+    model, prompts, out, _ = rollout
+    assert len(out) == len(prompts)
+    for ids, lps in out:
+        assert len(ids) == len(lps) and 1 <= len(ids) <= 10
+        assert (ids[-1] == tok.eos_token_id) or len(ids) == 10
+        assert tok.eos_token_id not in ids[:-1]
+        assert all(lp <= 0 for lp in lps)
+    # an untrained model rarely stops: at least one response is cut at the limit
+    assert any(len(ids) == 10 for ids, _ in out)
+    # a model that always emits eos stops after one token
+    eos_model = copy.deepcopy(model)
+    logits_bias = torch.zeros(len(tok))
+    logits_bias[tok.eos_token_id] = 100.0
+    eos_model.lm_head.register_forward_hook(lambda m, i, o: o + logits_bias)
+    out2 = policy.sample(
+        eos_model, prompts, max_new_tokens=7, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+    assert [ids for ids, _ in out2] == [[tok.eos_token_id]] * len(prompts)
+    assert all(abs(lp[0]) < 1e-6 for _, lp in out2)
+
+
+def test_sample_log_probs_equal_the_actor_log_probs(rollout):
+    model, _, out, batch = rollout
+    with torch.no_grad():
+        lp, ent = policy.response_log_probs(
+            model, batch["input_ids"], batch["attention_mask"], batch["responses"], 0.8, return_entropy=True
+        )
+    mask = batch["response_mask"].bool()
+    assert (lp - batch["old_log_probs"]).abs()[mask].max() < 1e-5
+    assert (ent[mask] > 0).all()
+    # a different temperature gives different log-probs (the scaling is really applied)
+    with torch.no_grad():
+        lp1 = policy.response_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["responses"], 1.0)
+    assert (lp1 - batch["old_log_probs"]).abs()[mask].max() > 1e-3
+
+
+def test_sample_is_reproducible_and_greedy_is_argmax(tok, rollout):
+    model, prompts, out, _ = rollout
+    again = policy.sample(
+        model,
+        prompts,
+        max_new_tokens=10,
+        temperature=0.8,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert again == out
+    greedy = policy.sample(
+        model,
+        prompts[:2],
+        max_new_tokens=4,
+        temperature=0,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    for p, (ids, _) in zip(prompts[:2], greedy, strict=True):
+        seq = list(p)
+        for t in ids:
+            with torch.no_grad():
+                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            assert t == nxt
+            seq.append(t)
+
+
+CFG = {
+    "ppo_mini_batch_size": 5,
+    "ppo_epochs": 1,
+    "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "loss_agg_mode": "token-mean",
+    "entropy_coeff": 0,
+    "use_kl_loss": False,
+    "policy_loss": {"loss_mode": "vanilla"},
+    "optim": {"clip_grad": 1.0},
+}
+
+
+def _update(model, batch, advantages, *, cfg=None, opt=None, **kwargs):
+    model = copy.deepcopy(model)
+    opt = opt(model) if opt else policy.make_optimizer(model, 1e-2, weight_decay=0.0)
+    data = dict(batch, advantages=advantages)
+    kwargs.setdefault("temperature", 0.8)  # the rollout's temperature: the first step is at ratio 1
+    metrics = policy.ppo_update(model, opt, data, actor_config=OmegaConf.create(cfg or CFG), **kwargs)
+    return model, metrics
+
+
+def _seq_lp(model, batch):
+    with torch.no_grad():
+        lp = policy.response_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["responses"], 1.0)
+    return (lp * batch["response_mask"]).sum(1)
+
+
+def test_ppo_update_raises_the_log_prob_of_a_positively_advantaged_response(rollout):
+    model, _, _, batch = rollout
+    adv = torch.zeros_like(batch["old_log_probs"])
+    adv[1] = 1.0
+    updated, metrics = _update(model, batch, adv)
+    before, after = _seq_lp(model, batch), _seq_lp(updated, batch)
+    assert after[1] > before[1] + 0.1
+    assert abs(metrics["actor/ppo_kl"]) < 1e-6 and metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["actor/grad_norm"] > 0 and metrics["actor/num_mini_batches"] == 1
+    # token-mean pg loss at ratio 1 is -mean(advantage) over the response tokens
+    mask = batch["response_mask"].bool()
+    assert metrics["actor/pg_loss"] == pytest.approx(-(adv[mask]).mean().item(), abs=1e-5)
+    # negative advantage lowers it
+    lowered, _ = _update(model, batch, -adv)
+    assert _seq_lp(lowered, batch)[1] < before[1] - 0.1
+
+
+def test_ppo_update_with_zero_advantages_changes_nothing(rollout):
+    model, _, _, batch = rollout
+    updated, metrics = _update(model, batch, torch.zeros_like(batch["old_log_probs"]))
+    for p, q in zip(model.parameters(), updated.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert metrics["actor/grad_norm"] == 0.0
+    # ... but the KL term, when on, pulls the policy toward the reference
+    cfg = dict(CFG, use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="low_var_kl")
+    ref = batch["old_log_probs"] - 1.0
+    pulled, metrics = _update(model, dict(batch, ref_log_prob=ref), torch.zeros_like(ref), cfg=cfg)
+    assert (_seq_lp(pulled, batch) < _seq_lp(model, batch)).all()
+    assert metrics["actor/kl_loss"] > 0 and metrics["actor/kl_coef"] == 1.0
+    with pytest.raises(KeyError, match="ref_log_prob"):
+        _update(model, batch, torch.zeros_like(ref), cfg=cfg)
+
+
+def _delta(model, updated):
+    return torch.cat([(q - p).flatten() for p, q in zip(model.parameters(), updated.parameters(), strict=True)])
+
+
+def test_ppo_update_scales_linearly_with_advantages_and_ignores_micro_batching(rollout):
+    model, _, _, batch = rollout
+    torch.manual_seed(0)
+    adv = torch.randn(batch["old_log_probs"].shape[0], 1).expand_as(batch["old_log_probs"]).contiguous()
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1)  # noqa: E731
+    cfg = dict(CFG, optim={"clip_grad": 1e9})
+    one, m1 = _update(model, batch, adv, cfg=cfg, opt=sgd)
+    three, m3 = _update(model, batch, 3.0 * adv, cfg=cfg, opt=sgd)
+    torch.testing.assert_close(_delta(model, three), 3.0 * _delta(model, one), rtol=1e-3, atol=5e-7)
+    assert m3["actor/grad_norm"] == pytest.approx(3.0 * m1["actor/grad_norm"], rel=1e-4)
+    # micro-batches of one sequence accumulate to the same mini-batch gradient (verl's loss scaling)
+    micro, mm = _update(model, batch, adv, cfg=cfg, opt=sgd, micro_batch_size=1)
+    torch.testing.assert_close(_delta(model, micro), _delta(model, one), rtol=1e-3, atol=5e-7)
+    assert mm["actor/pg_loss"] == pytest.approx(m1["actor/pg_loss"], abs=1e-6)
+    # gradient clipping bounds the step: clip_grad 1e-3 -> the SGD step has norm lr * 1e-3
+    clipped, _ = _update(model, batch, adv, cfg=dict(CFG, optim={"clip_grad": 1e-3}), opt=sgd)
+    assert _delta(model, clipped).norm().item() == pytest.approx(0.1 * 1e-3, rel=1e-3)
+
+
+def test_ppo_update_mini_batches_epochs_and_config_forms(rollout):
+    from verl.workers.config import ActorConfig
+
+    model, _, _, batch = rollout
+    adv = torch.ones_like(batch["old_log_probs"])
+    _, m = _update(model, batch, adv, cfg=dict(CFG, ppo_mini_batch_size=2, ppo_epochs=2))
+    assert m["actor/num_mini_batches"] == 6  # 5 sequences in mini-batches of 2 (2+2+1), two epochs
+    # in the second mini-batch onward the policy has moved: the ratio is no longer 1
+    assert m["actor/ppo_kl"] != 0.0
+    # rollout_n multiplies the mini-batch size as verl's trainer does (prompts -> sequences)
+    _, m = _update(model, batch, adv, cfg=dict(CFG, ppo_mini_batch_size=1, rollout_n=5))
+    assert m["actor/num_mini_batches"] == 1
+    # verl's ActorConfig dataclass gives the same update as the DictConfig section
+    config = policy.resolve_actor_config(OmegaConf.create(CFG))
+    assert isinstance(config, ActorConfig) and config.clip_ratio_high == 0.28
+    a, _ = _update(model, batch, adv)
+    b_model = copy.deepcopy(model)
+    policy.ppo_update(
+        b_model,
+        policy.make_optimizer(b_model, 1e-2, weight_decay=0.0),
+        dict(batch, advantages=adv),
+        actor_config=config,
+        temperature=0.8,
+    )
+    torch.testing.assert_close(_delta(model, a), _delta(model, b_model))
+    with pytest.raises(KeyError, match="advantages"):
+        policy.ppo_update(model, policy.make_optimizer(model, 1e-2), batch, actor_config=CFG)
+
+
+def test_sft_collate_labels_only_the_response(tok):
+    stream = ProblemStream(tok, seed=2)
+    examples = stream.draw(4)
+    batch = collate(examples, tok.pad_token_id)
+    for i, (_, p, r) in enumerate(examples):
+        labels = batch["labels"][i]
+        assert (labels[: len(p)] == -100).all() and labels[len(p) : len(p) + len(r)].tolist() == r
+        assert (labels[len(p) + len(r) :] == -100).all()
+        assert batch["attention_mask"][i].sum() == len(p) + len(r)
