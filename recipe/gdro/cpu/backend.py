@@ -2,7 +2,7 @@
 
 ``python -m recipe.gdro.main_gdro gdro.backend=cpu ...`` runs :func:`run_cpu` instead of verl's
 ``run_ppo``: Ray is started with 2 CPUs (TransferQueue needs it; with one SimpleStorage unit,
-DESIGN: a 2-CPU Ray hangs ``tq.init`` otherwise), and :class:`CPUTaskRunner` (modelled on
+a 2-CPU Ray hangs ``tq.init`` otherwise), and :class:`CPUTaskRunner` (modelled on
 ``recipe.gdro.task_runner.GDROTaskRunner``) builds the recipe's trainer in this process with
 :class:`CPUBackendMixin` in front of it and runs verl's ``fit``.
 
