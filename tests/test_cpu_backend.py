@@ -392,16 +392,20 @@ def frontier_prompts(base: Path, count: int, tries: int = 8) -> list[dict]:
     return picked
 
 
+LEARN_LR = 2e-4  # at 1e-3 (two optimizer steps a training step) the policy moved ~0.1 KL a step and collapsed
+
+
 def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
     base = tinylm.BASE_MODEL_DIR
     work = tmp_path_factory.mktemp("learn")
     train = work / "frontier.parquet"
     S.write_parquet(str(train), frontier_prompts(base, 32))
     gains = {}
-    for lr in (1e-3, 0.0):
+    for lr in (LEARN_LR, 0.0):
         overrides = [
             *base_overrides(work / f"lr{lr}", base, train, batch=16, steps=30),
             f"actor_rollout_ref.actor.optim.lr={lr}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16",  # one optimizer step per training step
             "actor_rollout_ref.actor.use_kl_loss=false",
             "data.max_response_length=16",
             "reward.custom_reward_function.path=pkg://data_prep.reward_fn",
@@ -412,4 +416,5 @@ def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
         acc = (np.asarray(trainer.scores) + 1) / 2  # math_dapo: score +1 correct, -1 wrong
         gains[lr] = float(acc[-6:].mean() - acc[:6].mean())
     print("training accuracy gain (last 6 - first 6 steps):", gains)
-    assert gains[1e-3] - gains[0.0] > 0.15, gains
+    # measured: +0.177 at lr 2e-4 against -0.005 at lr 0 (the run is deterministic for its seeds)
+    assert gains[LEARN_LR] - gains[0.0] > 0.12, gains
