@@ -170,6 +170,9 @@ def write_report(out: Path, methods: list[str], walls: dict[str, float], steps: 
         "",
         "## What this can and cannot tell",
         "",
+        "The learning rate of these runs (3e-4, two optimizer steps a training step) is not tuned: in the "
+        "measured quick start validation accuracy fell on sub2 in both runs (docs/cpu_backend.md, Learning rate).",
+        "",
         "One seed per method, a few dozen steps, a few hundred validation prompts. Differences between the runs "
         "of a few points are within what a different seed moves (sampling at temperature 1, the adversaries' "
         "own randomness, greedy validation on a small set); this quick start shows that the whole loop runs "
