@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Quick start on a CPU-only machine: installs everything (see setup_env.sh), then runs the
-# simulator's default scenario (a SYNTHETIC learner shaped like DAPO-14.1k) comparing GRPO,
-# Prompt-GDRO, Rollout-GDRO (sqrt / bandit / knapsack) and joint mode at equal total rollouts,
-# each method at its own tuned learning rate (recipe/gdro/sim/scenarios/tuned_lr.csv, written by
-# `python -m recipe.gdro.sim.sweep tune`). About 1 min of simulation on 2 idle cores.
-#   bash run_scripts/quickstart.sh [simulator args, e.g. --steps 100 --seeds 2]
-# Results: quickstart_out/report.md, results.json and PNG plots. The full study (lr tuning,
-# equal advantage mass, defaults) is `python -m recipe.gdro.sim.sweep all` (docs/simulator.md).
+# Quick start on a CPU-only machine: installs everything (see setup_env.sh), then trains the shipped
+# tiny LM (recipe/gdro/cpu/base) on arithmetic for real -- verl 0.9.1's v1 loop with the recipe's
+# trainer and the CPU backend (gdro.backend=cpu, docs/cpu_backend.md) -- once with GRPO and once with
+# GDRO (Prompt-GDRO + Rollout-GDRO, joint), at equal rollouts (64 prompts x 4 a step), one seed.
+#   bash run_scripts/quickstart.sh [--steps 40] [--runs grpo,prompt_gdro,rollout_gdro,joint_gdro] [hydra overrides]
+# Results: quickstart_out/<run>/gdro_metrics.jsonl (training + validation lines), quickstart_out/report.md
+# (per-skill validation accuracy before/after, mean and worst skill, tokens, wall time) and PNG plots.
+# The synthetic simulator is still there: python -m recipe.gdro.sim.simulate (docs/simulator.md).
 set -eo pipefail
 cd "$(dirname "$0")/.."
+INSTALL_START=$(date +%s)
 source run_scripts/setup_env.sh
-python -m recipe.gdro.sim.simulate --scenario dapo_like --tuned-lr --out quickstart_out "$@"
-echo "[quickstart] report: quickstart_out/report.md"
+INSTALL_SECONDS=$(( $(date +%s) - INSTALL_START ))
+python -m recipe.gdro.cpu.quickstart --install-seconds "$INSTALL_SECONDS" "$@"

@@ -293,6 +293,9 @@ class RolloutGDROConfig:
             _fail("rollout.length_shrinkage", self.length_shrinkage, "must be a finite number >= 0")
 
 
+BACKENDS = ("verl", "cpu")
+
+
 @dataclass
 class GDROConfig:
     """The whole ``gdro:`` section: the binner and the two adversaries.
@@ -306,6 +309,8 @@ class GDROConfig:
             with the GDRO runs bin by bin. Set false to skip the driver work altogether.
         dry_run: recipe only: validate the config, print the plan and exit.
         metrics_file: recipe only: per-step JSON lines file name inside the experiment folder.
+        backend: recipe only: ``verl`` trains with verl's GPU workers and vLLM/SGLang servers;
+            ``cpu`` runs the same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/cpu.
     """
 
     binner: BinnerConfig = field(default_factory=BinnerConfig)
@@ -314,6 +319,11 @@ class GDROConfig:
     observe: bool = True
     dry_run: bool = False
     metrics_file: str = "gdro_metrics.jsonl"
+    backend: str = "verl"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            _fail("backend", self.backend, f"must be one of {BACKENDS}")
 
     @property
     def enabled(self) -> bool:

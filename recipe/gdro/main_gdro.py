@@ -58,6 +58,10 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
         return 2
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
+    from recipe.gdro.cpu.backend import is_cpu_backend, prepare_cpu_config
+
+    if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
+        prepare_cpu_config(config)
     try:
         prepared = prepare(config)
         if dry:
@@ -82,6 +86,12 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
 
     print(format_plan(config, prepared), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
+
+    if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
+        from recipe.gdro.cpu.backend import run_cpu
+
+        run_cpu(config)
+        return 0
 
     from verl.trainer.main_ppo import run_ppo
 

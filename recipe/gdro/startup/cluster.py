@@ -516,13 +516,16 @@ class ClusterPlan:
 
 
 def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, str] = os.environ) -> ClusterPlan:
-    """The start-up checks of this module that need no Ray: attention import and code shipping."""
-    required = attention_must_import(dry_run)
+    """The start-up checks of this module that need no Ray: attention import and code shipping.
+
+    The CPU backend (``gdro.backend=cpu``) loads the tiny LM itself, so it never requires the attention package."""
+    cpu_backend = str(OmegaConf.select(config, "gdro.backend", default="verl")) == "cpu"
+    required = attention_must_import(dry_run) and not cpu_backend
     attention = check_attention(config, strict=required)
     shipped = ship_code_to_workers(config, environ)
     forwarded = forward_offline_env(config, environ)
     kv_line = ""
-    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm":
+    if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm" and not cpu_backend:
         try:
             estimate = kv_cache_estimate(config, gpu_gib=_local_gpu_gib())
         except Exception:  # noqa: BLE001 - an estimate must never stop a launch

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# A short real RL run on CPU: the shipped tiny LM (recipe/gdro/cpu/base) trained on arithmetic
+# through verl 0.9.1's v1 loop with the CPU backend (gdro.backend=cpu, docs/cpu_backend.md).
+#
+#   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/tiny_cpu.sh [hydra overrides...]
+#
+# Defaults: 64 prompts x 4 rollouts per step, 40 steps, validation (greedy, one sample per prompt)
+# before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith:
+# $NUM_TRAIN=640 training prompts, so each is revisited every 10 steps and the difficulty binner,
+# which keys prompts by id, can place them; $NUM_VAL=300) under $DATA_DIR (default tiny_cpu_data/); outputs (checkpoints, gdro_metrics.jsonl) under
+# $OUT_DIR (default tiny_cpu_out/$METHOD). Arguments are Hydra overrides and win over the defaults,
+# e.g. trainer.total_training_steps=100 actor_rollout_ref.actor.optim.lr=1e-3.
+# Uses .venv/ when it exists (run_scripts/setup_env.sh makes it).
+set -eo pipefail
+cd "$(dirname "$0")/.."
+[ -x .venv/bin/python ] && PY=.venv/bin/python || PY=python
+
+METHOD=${METHOD:-grpo}
+DATA_DIR=${DATA_DIR:-tiny_cpu_data}
+OUT_DIR=${OUT_DIR:-tiny_cpu_out/$METHOD}
+NUM_TRAIN=${NUM_TRAIN:-640}
+NUM_VAL=${NUM_VAL:-300}
+
+case "$METHOD" in
+  grpo)         ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=false) ;;
+  prompt_gdro)  ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=false) ;;
+  rollout_gdro) ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=true) ;;
+  joint_gdro)   ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=true) ;;
+  *) echo "tiny_cpu.sh: METHOD=$METHOD: use grpo, prompt_gdro, rollout_gdro or joint_gdro" >&2; exit 2 ;;
+esac
+
+if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then
+  "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0
+fi
+BASE=$("$PY" -c "from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
+
+exec "$PY" -m recipe.gdro.main_gdro \
+  gdro.backend=cpu \
+  "${ADVERSARIES[@]}" \
+  gdro.binner.num_bins=6 \
+  data.train_files="[$DATA_DIR/train.parquet]" \
+  data.val_files="[$DATA_DIR/val.parquet]" \
+  data.train_batch_size=64 \
+  data.max_prompt_length=32 \
+  data.max_response_length=16 \
+  data.dataloader_num_workers=0 \
+  data.seed=0 \
+  actor_rollout_ref.model.path="$BASE" \
+  actor_rollout_ref.rollout.name=vllm \
+  actor_rollout_ref.rollout.n=4 \
+  actor_rollout_ref.rollout.temperature=1.0 \
+  actor_rollout_ref.rollout.seed=0 \
+  actor_rollout_ref.rollout.val_kwargs.n=1 \
+  actor_rollout_ref.rollout.val_kwargs.temperature=0 \
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=256 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128 \
+  actor_rollout_ref.actor.optim.lr=3e-4 \
+  actor_rollout_ref.actor.use_kl_loss=false \
+  actor_rollout_ref.actor.entropy_coeff=0 \
+  algorithm.use_kl_in_reward=false \
+  reward.custom_reward_function.path=pkg://data_prep.reward_fn \
+  reward.custom_reward_function.name=compute_score \
+  trainer.logger=[console] \
+  trainer.project_name=gdro_tiny_cpu \
+  trainer.experiment_name="$METHOD" \
+  trainer.val_before_train=true \
+  trainer.test_freq=10 \
+  trainer.save_freq=-1 \
+  trainer.total_training_steps=40 \
+  trainer.default_local_dir="$OUT_DIR" \
+  trainer.resume_mode=disable \
+  trainer.n_gpus_per_node=1 \
+  hydra.job_logging.root.level=WARNING \
+  "$@"
