@@ -183,11 +183,20 @@ def test_config_groups_alone_hold_the_paper_protocol(size, method):
 
 
 def test_paper_exact_changes_only_the_released_settings():
-    for method in ("rollout_gdro", "joint_gdro"):
+    rollout_keys = {"gdro.rollout.allocator", "gdro.rollout.bandit_eta", "gdro.rollout.bandit_beta"}
+    prompt_keys = {"gdro.prompt.score_init", "gdro.prompt.min_group_prompts"}  # Eq. 14 as printed
+    for method, keys in (
+        ("rollout_gdro", rollout_keys),
+        ("prompt_gdro", prompt_keys),
+        ("joint_gdro", rollout_keys | prompt_keys),
+    ):
         default, exact = _groups("8b", method), _groups("8b", method, "paper_exact=on")
         changed = {k for k in default if default[k] != exact[k]}
-        assert {k: exact[f"gdro.rollout.{k}"] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
-        assert changed == {"gdro.rollout.allocator", "gdro.rollout.bandit_eta", "gdro.rollout.bandit_beta"}
+        if "rollout" in method:
+            assert {k: exact[f"gdro.rollout.{k}"] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
+        if "prompt" in method:
+            assert exact["gdro.prompt.score_init"] == "zero" and exact["gdro.prompt.min_group_prompts"] == 0
+        assert changed == keys, method
     assert _groups("4b", "grpo", "paper_exact=on") == _groups("4b", "grpo")  # no released GRPO settings
     # arguments after the groups win
     assert _groups("8b", "rollout_gdro", "paper_exact=on", "gdro.rollout.n_max=8")["gdro.rollout.n_max"] == 8
