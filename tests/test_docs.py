@@ -88,6 +88,7 @@ def test_readme_headline_numbers_are_what_the_code_produces():
     """Not only the header: every row's lr is the shipped tuned lr, the README's table is the one in
     docs/simulator.md, and two rows (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4 at tuned lr) are
     recomputed with the current code and must match cell for cell, so stale numbers fail."""
+    from recipe.gdro.results.table import markdown_row
     from recipe.gdro.sim.methods import lookup_tuned_lr
     from recipe.gdro.sim.scenario import load_scenario
     from recipe.gdro.sim.simulate import run_experiment
@@ -111,7 +112,7 @@ def test_readme_headline_numbers_are_what_the_code_produces():
         plots=False,
         write_files=False,
     )
-    got = _compare_rows("dapo_like", res, res["methods"]["grpo"], methods)
+    got = [markdown_row(cells) for cells in _compare_rows("dapo_like", res, res["methods"]["grpo"], methods)]
     assert got == [readme[("dapo_like", m)] for m in methods]
 
 
