@@ -158,14 +158,14 @@ def main(argv=None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     train, val = make_data(data_dir, 2000, 200)
 
-    from recipe.gdro.cpu.backend import run_cpu
+    from recipe.gdro.cpu.backend import prepare_cpu_config, run_cpu
     from recipe.gdro.startup.checks import prepare
     from recipe.gdro.startup.cli import compose_config
 
     config = compose_config(
         [*tiny_overrides(train, val, work / "run", steps=args.steps), *METHODS[args.method], *overrides]
     )
-    prepare(config)
+    prepare(prepare_cpu_config(config))
     trainer = run_cpu(config, trainer_mixins=(StepTimer,))
     load = os.getloadavg()
     print(f"\nCPU backend step ({args.method}, 64 prompts x 4 rollouts), load average {load[0]:.1f} / {load[1]:.1f}:")

@@ -167,10 +167,13 @@ class CPUTaskRunner:
 
 
 def prepare_cpu_config(config: DictConfig) -> DictConfig:
-    """The settings a 2-CPU Ray needs: one TransferQueue storage unit, the v1 sync trainer."""
+    """The settings a 2-CPU Ray needs: one TransferQueue storage unit, the v1 sync trainer, and no
+    rollout tensor parallelism (the in-process CPU server has none; verl's default TP 2 would fail
+    the start-up layout check on the backend's single "GPU")."""
     with open_dict(config):
         config.transfer_queue.backend.SimpleStorage.num_data_storage_units = 1
         config.trainer.device = "cpu"
+        config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
     return config
 
 
