@@ -4,7 +4,7 @@
 #
 #   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/tiny_cpu.sh [hydra overrides...]
 #
-# Defaults: 64 prompts x 4 rollouts per step, 40 steps, validation (greedy, one sample per prompt)
+# Defaults: 64 prompts x 4 rollouts per step (one optimizer step each, lr 2e-4), 30 steps, validation (greedy, one sample per prompt)
 # before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith:
 # $NUM_TRAIN=640 training prompts, so each is revisited every 10 steps and the difficulty binner,
 # which keys prompts by id, can place them; $NUM_VAL=300) under $DATA_DIR (default tiny_cpu_data/); outputs (checkpoints, gdro_metrics.jsonl) under
@@ -53,9 +53,9 @@ exec "$PY" -m recipe.gdro.main_gdro \
   actor_rollout_ref.rollout.val_kwargs.n=1 \
   actor_rollout_ref.rollout.val_kwargs.temperature=0 \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=256 \
-  actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+  actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128 \
-  actor_rollout_ref.actor.optim.lr=3e-4 \
+  actor_rollout_ref.actor.optim.lr=2e-4 \
   actor_rollout_ref.actor.use_kl_loss=false \
   actor_rollout_ref.actor.entropy_coeff=0 \
   algorithm.use_kl_in_reward=false \
@@ -67,7 +67,7 @@ exec "$PY" -m recipe.gdro.main_gdro \
   trainer.val_before_train=true \
   trainer.test_freq=10 \
   trainer.save_freq=-1 \
-  trainer.total_training_steps=40 \
+  trainer.total_training_steps=30 \
   trainer.default_local_dir="$OUT_DIR" \
   trainer.resume_mode=disable \
   trainer.n_gpus_per_node=1 \
