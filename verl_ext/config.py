@@ -1,7 +1,8 @@
 """Typed, self-validating configuration for the GDRO controllers.
 
 Defaults are the paper's appendix values (Panaganti et al., 2026, App. A.2) unless a field's
-docstring says otherwise. Every dataclass validates itself in ``__post_init__`` and raises
+``help`` says otherwise. Each field documents itself in its ``help`` metadata (as TRL's config
+dataclasses do); ``python -m recipe.gdro.main_gdro --help`` prints them. Every dataclass validates itself in ``__post_init__`` and raises
 :class:`GDROConfigError` naming the offending field, so an impossible setting fails at start-up,
 before any GPU time is spent.
 
@@ -56,37 +57,72 @@ def _check_positive(name: str, value: float) -> None:
 
 @dataclass
 class BinnerConfig:
-    """Online difficulty binner (paper §3.1.2; docs/controllers.md).
+    """Online difficulty binner (paper §3.1.2; docs/controllers.md)."""
 
-    Attributes:
-        num_bins: K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored
-            when ``bin_edges`` is given.
-        bin_edges: explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1
-            edges give K bins [a_k, a_{k+1}), the last closed). Bin 0 is the hardest. The released
-            code's [0, .1, .2, .4, .6, .8, .9, 1] are 8 edges, i.e. 7 bins (bin_00 .. bin_06).
-        window: H, the number of most recent visits a prompt's statistic is computed over
-            (authors' scripts: 50 or 100).
-        hysteresis: δ, a prompt leaves its bin only when its statistic is beyond the bin's
-            boundary by more than δ (authors' scripts: 0.03 for Prompt-GDRO, 0 for Rollout-GDRO).
-        unseen: how never-visited prompts are grouped. ``own_bin`` (default) gives them a
-            separate group K that both adversaries treat like any other bin; ``prior`` puts them
-            in the bin that contains ``unseen_prior``. Never "hardest bin" (the released code's
-            accuracy-0 default makes every fresh prompt look maximally hard).
-        unseen_prior: prior accuracy used by ``unseen=prior``.
-        half_life: recency weighting of a prompt's visits, in visits. ``null`` (default): the
-            plain mean over the last ``window`` visits. A number h: every visit of the prompt so
-            far, the one j visits ago weighted 2^(-j/h), so p̂ follows a prompt the model is
-            learning instead of averaging over its whole history (with H = 50, a 1,000-step DAPO
-            run visits a prompt ~18 times, so the window never fills); ``window`` is then unused.
-    """
-
-    num_bins: int = 10
-    bin_edges: list[float] | None = None
-    window: int = 50
-    half_life: float | None = None
-    hysteresis: float = 0.0
-    unseen: str = "own_bin"
-    unseen_prior: float = 0.5
+    num_bins: int = field(
+        default=10,
+        metadata={
+            "help": (
+                "K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored when ``bin_edges`` "
+                "is given."
+            )
+        },
+    )
+    bin_edges: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1 edges give K bins [a_k,"
+                " a_{k+1}), the last closed). Bin 0 is the hardest. The released code's [0, .1, .2, .4, .6, .8, "
+                ".9, 1] are 8 edges, i.e. 7 bins (bin_00 .. bin_06)."
+            )
+        },
+    )
+    window: int = field(
+        default=50,
+        metadata={
+            "help": (
+                "H, the number of most recent visits a prompt's statistic is computed over (authors' scripts: 50 "
+                "or 100)."
+            )
+        },
+    )
+    half_life: float | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "recency weighting of a prompt's visits, in visits. ``null`` (default): the plain mean over the "
+                "last ``window`` visits. A number h: every visit of the prompt so far, the one j visits ago "
+                "weighted 2^(-j/h), so p̂ follows a prompt the model is learning instead of averaging over its "
+                "whole history (with H = 50, a 1,000-step DAPO run visits a prompt ~18 times, so the window never"
+                " fills); ``window`` is then unused."
+            )
+        },
+    )
+    hysteresis: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "δ, a prompt leaves its bin only when its statistic is beyond the bin's boundary by more than δ "
+                "(authors' scripts: 0.03 for Prompt-GDRO, 0 for Rollout-GDRO)."
+            )
+        },
+    )
+    unseen: str = field(
+        default="own_bin",
+        metadata={
+            "help": (
+                "how never-visited prompts are grouped. ``own_bin`` (default) gives them a separate group K that "
+                "both adversaries treat like any other bin; ``prior`` puts them in the bin that contains "
+                '``unseen_prior``. Never "hardest bin" (the released code\'s accuracy-0 default makes every fresh '
+                "prompt look maximally hard)."
+            )
+        },
+    )
+    unseen_prior: float = field(
+        default=0.5,
+        metadata={"help": "prior accuracy used by ``unseen=prior``."},
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_bins, int) or isinstance(self.num_bins, bool) or self.num_bins < 1:
@@ -120,51 +156,97 @@ class BinnerConfig:
 
 @dataclass
 class PromptGDROConfig:
-    """Prompt-GDRO, the data adversary: EMA-debiased EXP3P over bins (paper Eq. 12-16, App. A.2.1).
+    """Prompt-GDRO, the data adversary: EMA-debiased EXP3P over bins (paper Eq. 12-16, App. A.2.1)."""
 
-    Attributes:
-        enable: multiply each response's GRPO advantage by its bin's adversary weight.
-        eta: η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C)).
-        gamma: γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K.
-        beta: β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b).
-        score_clip: C, the score clip before exponentiation (keeps ω finite).
-        weight_cap: ω_max, per-response multipliers are capped here after normalisation.
-        share_floor: floor on the realised batch share q̂(b) in the debiasing division.
-        loss_signal: the per-prompt loss ℓ(x) the adversary sees (see :mod:`verl_ext.prompt_gdro`):
-            ``learnability`` p̂(1-p̂), ``failure_rate`` 1-p̂, ``mean_abs_advantage`` mean |A|.
-        rollout_coupling: joint mode only. ``divide_by_allocation`` divides a prompt's weight
-            by n(x)/n̄ so a prompt given more rollouts does not also get more total weight
-            through its extra tokens; ``none`` leaves weights as they are.
-        normalize: how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A|
-            over the batch, so Prompt-GDRO changes the update's direction, not its size (needs
-            |A| per response). ``all_responses``: mean 1 over all responses (the released code's;
-            zero-advantage groups make it a larger step size).
-        lagged: weights from the scores before this step's update (the step's own outcomes do
-            not scale its own advantages); false uses the updated scores.
-        min_group_prompts: k0, evidence pseudo-count. A bin with c prompts in the batch moves
-            its score by β·c/(c+k0) of the way to its debiased loss (c/(c+k0) at its first
-            observation, from the batch's reference level), so a bin holding one prompt, or the
-            few unseen prompts left after an epoch, cannot swing a weight. 0 = no evidence
-            weighting (Eq. 14 as printed needs ``score_init=zero`` too).
-        score_init: where a bin's score starts. ``first_observation`` (default): the bin's first
-            observation sets it (shrunk toward the batch's reference level), so a bin first seen
-            late is not under-weighted for ~1/β steps. ``zero``: the paper's S_0(b) = 0, every
-            observation an EMA step; with ``min_group_prompts=0`` this is Eq. 14 as printed.
-    """
-
-    enable: bool = False
-    eta: float = 0.65
-    gamma: float = 0.01
-    beta: float = 0.12
-    score_clip: float = 5.0
-    weight_cap: float = 15.0
-    share_floor: float = 0.01
-    loss_signal: str = "learnability"
-    rollout_coupling: str = "none"
-    normalize: str = "advantage_mass"
-    lagged: bool = False
-    min_group_prompts: float = 8.0
-    score_init: str = "first_observation"
+    enable: bool = field(
+        default=False,
+        metadata={"help": "multiply each response's GRPO advantage by its bin's adversary weight."},
+    )
+    eta: float = field(
+        default=0.65,
+        metadata={"help": "η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C))."},
+    )
+    gamma: float = field(
+        default=0.01,
+        metadata={"help": "γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K."},
+    )
+    beta: float = field(
+        default=0.12,
+        metadata={"help": "β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b)."},
+    )
+    score_clip: float = field(
+        default=5.0,
+        metadata={"help": "C, the score clip before exponentiation (keeps ω finite)."},
+    )
+    weight_cap: float = field(
+        default=15.0,
+        metadata={"help": "ω_max, per-response multipliers are capped here after normalisation."},
+    )
+    share_floor: float = field(
+        default=0.01,
+        metadata={"help": "floor on the realised batch share q̂(b) in the debiasing division."},
+    )
+    loss_signal: str = field(
+        default="learnability",
+        metadata={
+            "help": (
+                "the per-prompt loss ℓ(x) the adversary sees (see :mod:`verl_ext.prompt_gdro`): ``learnability`` "
+                "p̂(1-p̂), ``failure_rate`` 1-p̂, ``mean_abs_advantage`` mean |A|."
+            )
+        },
+    )
+    rollout_coupling: str = field(
+        default="none",
+        metadata={
+            "help": (
+                "joint mode only. ``divide_by_allocation`` divides a prompt's weight by n(x)/n̄ so a prompt given"
+                " more rollouts does not also get more total weight through its extra tokens; ``none`` leaves "
+                "weights as they are."
+            )
+        },
+    )
+    normalize: str = field(
+        default="advantage_mass",
+        metadata={
+            "help": (
+                "how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A| over the batch, so "
+                "Prompt-GDRO changes the update's direction, not its size (needs |A| per response). "
+                "``all_responses``: mean 1 over all responses (the released code's; zero-advantage groups make it"
+                " a larger step size)."
+            )
+        },
+    )
+    lagged: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "weights from the scores before this step's update (the step's own outcomes do not scale its own "
+                "advantages); false uses the updated scores."
+            )
+        },
+    )
+    min_group_prompts: float = field(
+        default=8.0,
+        metadata={
+            "help": (
+                "k0, evidence pseudo-count. A bin with c prompts in the batch moves its score by β·c/(c+k0) of "
+                "the way to its debiased loss (c/(c+k0) at its first observation, from the batch's reference "
+                "level), so a bin holding one prompt, or the few unseen prompts left after an epoch, cannot swing"
+                " a weight. 0 = no evidence weighting (Eq. 14 as printed needs ``score_init=zero`` too)."
+            )
+        },
+    )
+    score_init: str = field(
+        default="first_observation",
+        metadata={
+            "help": (
+                "where a bin's score starts. ``first_observation`` (default): the bin's first observation sets it"
+                " (shrunk toward the batch's reference level), so a bin first seen late is not under-weighted for"
+                " ~1/β steps. ``zero``: the paper's S_0(b) = 0, every observation an EMA step; with "
+                "``min_group_prompts=0`` this is Eq. 14 as printed."
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -192,66 +274,141 @@ class PromptGDROConfig:
 
 @dataclass
 class RolloutGDROConfig:
-    """Rollout-GDRO, the compute adversary (paper Eq. 17-21, §4.3, App. A.2.2).
+    """Rollout-GDRO, the compute adversary (paper Eq. 17-21, §4.3, App. A.2.2)."""
 
-    Attributes:
-        enable: schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``.
-        allocator: ``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin
-            full-information Hedge over arms with an exact-budget DP; not the paper's EXP3P, see
-            :mod:`verl_ext.rollout_gdro`; ``bandit`` is its earlier name and runs the same code),
-            ``knapsack`` (Knapsack-RL's value rule), ``uniform``.
-        n_mean: n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The
-            recipe ties it to ``actor_rollout_ref.rollout.n``.
-        n_min: smallest count for any prompt; at least 2 (a GRPO group of one gets its raw
-            reward as advantage in verl).
-        n_max: largest count for any prompt (appendix: 12 = 3 n̄).
-        mu_lr: α_μ, the dual-ascent step on the shadow price, taken in log space:
-            log μ ← log μ + α_μ (n̂ - n̄), with n̂ the mean of the unrepaired proposal; log μ is
-            projected onto the range where it still changes the allocation.
-        mu_init: initial μ; ``None`` clears the first batch's budget exactly.
-        variance_beta: EMA rate of each bin's within-group reward variance v_b.
-        variance_prior: v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first
-            observation replaces it.
-        variance_floor: lower bound on v_b, so a solved bin still has a finite price.
-        variance_source: the variance the ``sqrt`` allocator and the exact-budget repair use per
-            prompt. ``bin``: the bin's v_b. ``prompt``: the prompt's own windowed variance shrunk
-            toward v_b (see :meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`).
-        variance_shrinkage: κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.
-        bandit_eta / bandit_gamma / bandit_beta: learning rate (on scores rescaled to [0, 1] per
-            bin), exploration and EMA rate of the ``hedge`` allocator's per-(bin, arm) scores.
-        seed: RNG seed (the bandit's exploration; ties).
-        budget: what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also
-            the expected generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a
-            second dual variable λ (see :mod:`verl_ext.rollout_gdro`); every allocator honours it
-            through the exact two-constraint repair (``uniform`` meets it with equality).
-        token_lr: α_λ, the projected dual-ascent step on the token price ρ = λ c̄ / μ (relative
-            units): ρ ← max(0, ρ + α_λ (T̂ / T_uniform - 1)) with T̂ the proposal's expected tokens.
-        length_beta: EMA rate of the per-prompt (per visit) and per-bin (per step) mean response
-            length ĉ, kept for the token metrics in every run and used by ``budget=tokens``.
-        length_shrinkage: κ, the prior strength (in responses) of the bin's mean length in a
-            prompt's expected length ĉ (see :mod:`verl_ext.tokens`); 0 uses the prompt's own EMA.
-    """
-
-    enable: bool = False
-    allocator: str = "sqrt"
-    n_mean: int = 4
-    n_min: int = 2
-    n_max: int = 12
-    mu_lr: float = 0.05
-    mu_init: float | None = None
-    variance_beta: float = 0.1
-    variance_prior: float = 0.25
-    variance_floor: float = 1e-3
-    variance_source: str = "bin"
-    variance_shrinkage: float = 8.0
-    bandit_eta: float = 5.0
-    bandit_gamma: float = 0.05
-    bandit_beta: float = 0.12
-    seed: int = 0
-    budget: str = "rollouts"
-    token_lr: float = 1.0
-    length_beta: float = 0.3
-    length_shrinkage: float = 8.0
+    enable: bool = field(
+        default=False,
+        metadata={"help": "schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``."},
+    )
+    allocator: str = field(
+        default="sqrt",
+        metadata={
+            "help": (
+                "``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin full-information Hedge over "
+                "arms with an exact-budget DP; not the paper's EXP3P, see :mod:`verl_ext.rollout_gdro`; "
+                "``bandit`` is its earlier name and runs the same code), ``knapsack`` (Knapsack-RL's value rule),"
+                " ``uniform``."
+            )
+        },
+    )
+    n_mean: int = field(
+        default=4,
+        metadata={
+            "help": (
+                "n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The recipe ties it to "
+                "``actor_rollout_ref.rollout.n``."
+            )
+        },
+    )
+    n_min: int = field(
+        default=2,
+        metadata={
+            "help": (
+                "smallest count for any prompt; at least 2 (a GRPO group of one gets its raw reward as advantage "
+                "in verl)."
+            )
+        },
+    )
+    n_max: int = field(
+        default=12,
+        metadata={"help": "largest count for any prompt (appendix: 12 = 3 n̄)."},
+    )
+    mu_lr: float = field(
+        default=0.05,
+        metadata={
+            "help": (
+                "α_μ, the dual-ascent step on the shadow price, taken in log space: log μ ← log μ + α_μ (n̂ - "
+                "n̄), with n̂ the mean of the unrepaired proposal; log μ is projected onto the range where it "
+                "still changes the allocation."
+            )
+        },
+    )
+    mu_init: float | None = field(
+        default=None,
+        metadata={"help": "initial μ; ``None`` clears the first batch's budget exactly."},
+    )
+    variance_beta: float = field(
+        default=0.1,
+        metadata={"help": "EMA rate of each bin's within-group reward variance v_b."},
+    )
+    variance_prior: float = field(
+        default=0.25,
+        metadata={
+            "help": "v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first observation replaces it."
+        },
+    )
+    variance_floor: float = field(
+        default=1e-3,
+        metadata={"help": "lower bound on v_b, so a solved bin still has a finite price."},
+    )
+    variance_source: str = field(
+        default="bin",
+        metadata={
+            "help": (
+                "the variance the ``sqrt`` allocator and the exact-budget repair use per prompt. ``bin``: the "
+                "bin's v_b. ``prompt``: the prompt's own windowed variance shrunk toward v_b (see "
+                ":meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`)."
+            )
+        },
+    )
+    variance_shrinkage: float = field(
+        default=8.0,
+        metadata={"help": "κ, the prior strength (in rollouts) of v_b in the per-prompt estimate."},
+    )
+    bandit_eta: float = field(
+        default=5.0,
+        metadata={"help": "``hedge``: learning rate on the per-(bin, arm) scores rescaled to [0, 1] per bin."},
+    )
+    bandit_gamma: float = field(
+        default=0.05,
+        metadata={"help": "``hedge``: uniform exploration mixed into the per-bin arm distribution."},
+    )
+    bandit_beta: float = field(
+        default=0.12,
+        metadata={"help": "``hedge``: EMA rate of the per-(bin, arm) scores."},
+    )
+    seed: int = field(
+        default=0,
+        metadata={"help": "RNG seed (the bandit's exploration; ties)."},
+    )
+    budget: str = field(
+        default="rollouts",
+        metadata={
+            "help": (
+                "what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also the expected "
+                "generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a second dual variable λ "
+                "(see :mod:`verl_ext.rollout_gdro`); every allocator honours it through the exact two-constraint "
+                "repair (``uniform`` meets it with equality)."
+            )
+        },
+    )
+    token_lr: float = field(
+        default=1.0,
+        metadata={
+            "help": (
+                "α_λ, the projected dual-ascent step on the token price ρ = λ c̄ / μ (relative units): ρ ← max(0,"
+                " ρ + α_λ (T̂ / T_uniform - 1)) with T̂ the proposal's expected tokens."
+            )
+        },
+    )
+    length_beta: float = field(
+        default=0.3,
+        metadata={
+            "help": (
+                "EMA rate of the per-prompt (per visit) and per-bin (per step) mean response length ĉ, kept for "
+                "the token metrics in every run and used by ``budget=tokens``."
+            )
+        },
+    )
+    length_shrinkage: float = field(
+        default=8.0,
+        metadata={
+            "help": (
+                "κ, the prior strength (in responses) of the bin's mean length in a prompt's expected length ĉ "
+                "(see :mod:`verl_ext.tokens`); 0 uses the prompt's own EMA."
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
@@ -298,28 +455,47 @@ BACKENDS = ("verl", "cpu")
 
 @dataclass
 class GDROConfig:
-    """The whole ``gdro:`` section: the binner and the two adversaries.
+    """The whole ``gdro:`` section: the binner and the two adversaries."""
 
-    Attributes:
-        binner: the online difficulty binner, shared by both adversaries.
-        prompt: Prompt-GDRO (advantage reweighting).
-        rollout: Rollout-GDRO (rollout allocation).
-        observe: with both adversaries off, still run the binner and log the ``gdro/*`` metrics
-            (advantages and rollout counts stay exactly verl's), so a GRPO baseline can be compared
-            with the GDRO runs bin by bin. Set false to skip the driver work altogether.
-        dry_run: recipe only: validate the config, print the plan and exit.
-        metrics_file: recipe only: per-step JSON lines file name inside the experiment folder.
-        backend: recipe only: ``verl`` trains with verl's GPU workers and vLLM/SGLang servers;
-            ``cpu`` runs the same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/cpu.
-    """
-
-    binner: BinnerConfig = field(default_factory=BinnerConfig)
-    prompt: PromptGDROConfig = field(default_factory=PromptGDROConfig)
-    rollout: RolloutGDROConfig = field(default_factory=RolloutGDROConfig)
-    observe: bool = True
-    dry_run: bool = False
-    metrics_file: str = "gdro_metrics.jsonl"
-    backend: str = "verl"
+    binner: BinnerConfig = field(
+        default_factory=BinnerConfig,
+        metadata={"help": "the online difficulty binner, shared by both adversaries."},
+    )
+    prompt: PromptGDROConfig = field(
+        default_factory=PromptGDROConfig,
+        metadata={"help": "Prompt-GDRO (advantage reweighting)."},
+    )
+    rollout: RolloutGDROConfig = field(
+        default_factory=RolloutGDROConfig,
+        metadata={"help": "Rollout-GDRO (rollout allocation)."},
+    )
+    observe: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "with both adversaries off, still run the binner and log the ``gdro/*`` metrics (advantages and "
+                "rollout counts stay exactly verl's), so a GRPO baseline can be compared with the GDRO runs bin "
+                "by bin. Set false to skip the driver work altogether."
+            )
+        },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "recipe only: validate the config, print the plan and exit."},
+    )
+    metrics_file: str = field(
+        default="gdro_metrics.jsonl",
+        metadata={"help": "recipe only: per-step JSON lines file name inside the experiment folder."},
+    )
+    backend: str = field(
+        default="verl",
+        metadata={
+            "help": (
+                "recipe only: ``verl`` trains with verl's GPU workers and vLLM/SGLang servers; ``cpu`` runs the "
+                "same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/cpu."
+            )
+        },
+    )
 
     def __post_init__(self):
         if self.backend not in BACKENDS:

@@ -4,7 +4,6 @@ errors turned into messages that name the key, and ``--help`` for the ``gdro.*``
 from __future__ import annotations
 
 import difflib
-import inspect
 import re
 import sys
 from dataclasses import MISSING, fields, is_dataclass
@@ -142,27 +141,10 @@ Exit status: 0 ok; 2 a setting or data file the checks refuse (named in the mess
 """
 
 
-def _attribute_docs(cls) -> dict[str, str]:
-    """``name -> text`` from the ``Attributes:`` section of a (Google-style) class docstring."""
-    doc = inspect.cleandoc(cls.__doc__ or "")
-    out: dict[str, str] = {}
-    lines = doc.splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == "Attributes:")
-    except StopIteration:
-        return out
-    current = None
-    for line in lines[start + 1 :]:
-        if line and not line.startswith(" "):
-            break  # the next section
-        m = re.match(r"^ {4}(\w+)(?: \([^)]*\))?:\s*(.*)$", line)
-        if m:
-            current = m.group(1)
-            out[current] = m.group(2).strip()
-        elif current and line.strip():
-            out[current] += " " + line.strip()
-    # reST markup -> plain text: :mod:`x` -> x, ``x`` -> x
-    return {k: re.sub(r":\w+:`([^`]*)`", r"\1", v).replace("``", "") for k, v in out.items()}
+def _help_text(f) -> str:
+    """A field's ``help`` metadata as plain text (reST markup dropped: :mod:`x` -> x, ``x`` -> x)."""
+    text = f.metadata.get("help", "")
+    return re.sub(r":\w+:`([^`]*)`", r"\1", text).replace("``", "")
 
 
 def _default(f) -> Any:
@@ -174,8 +156,8 @@ def _default(f) -> Any:
 
 
 def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str, str]]:
-    """``(key, default, meaning)`` for every leaf of the gdro section, from the dataclasses."""
-    docs = _attribute_docs(cls)
+    """``(key, default, meaning)`` for every leaf of the gdro section, from the dataclasses' fields
+    (default and ``help`` metadata)."""
     rows = []
     for f in fields(cls):
         key = f"{prefix}.{f.name}"
@@ -184,7 +166,7 @@ def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str,
             rows.extend(gdro_keys_help(type(default), key))
             continue
         shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-        rows.append((key, shown, docs.get(f.name, "")))
+        rows.append((key, shown, _help_text(f)))
     return rows
 
 
