@@ -163,8 +163,8 @@ class Recorder:
         if self.gdro is not None:
             real_observe = self.gdro.observe
 
-            def observe(pids, acc, abs_adv=None):
-                mult = real_observe(pids, acc, abs_adv)
+            def observe(pids, acc, abs_adv=None, *args, **kwargs):
+                mult = real_observe(pids, acc, abs_adv, *args, **kwargs)
                 self.observed[int(self.global_steps)] = (np.asarray(pids).copy(), np.asarray(mult).copy())
                 return mult
 
