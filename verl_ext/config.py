@@ -2,9 +2,9 @@
 
 Defaults are the paper's appendix values (Panaganti et al., 2026, App. A.2) unless a field's
 ``help`` says otherwise. Each field documents itself in its ``help`` metadata (as TRL's config
-dataclasses do); ``python -m recipe.gdro.main_gdro --help`` prints them. Every dataclass validates itself in ``__post_init__`` and raises
-:class:`GDROConfigError` naming the offending field, so an impossible setting fails at start-up,
-before any GPU time is spent.
+dataclasses do); ``python -m recipe.gdro.main_gdro --help`` prints them. Every dataclass
+validates itself in ``__post_init__`` and raises :class:`GDROConfigError` naming the offending
+field, so an impossible setting fails at start-up, before any GPU time is spent.
 
 The recipe's Hydra section ``gdro:`` maps one-to-one onto :class:`GDROConfig`
 (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``); :func:`gdro_config_from_dict` builds
