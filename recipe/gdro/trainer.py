@@ -453,24 +453,23 @@ class GDROTrainerSync(PPOTrainerSync):
             result["row_score"] = data.batch["token_level_scores"].sum(dim=-1).double().numpy()
         result["lengths"] = self._session_lengths(plan, data)
         if adjust:
-            self._observe_and_scale(plan, data, batch_keys, result)
+            self._observe_and_scale(plan, data, result)
 
-    def _observe_and_scale(self, plan: _StepPlan, data, batch_keys: list[str], result: dict) -> None:
-        """Inside verl's advantage computation: zero singleton groups, observe with |A| and scale each
-        response's advantage row by its Prompt-GDRO weight."""
+    def _observe_and_scale(self, plan: _StepPlan, data, result: dict) -> None:
+        """Inside verl's advantage computation (keys already checked by the hook): zero singleton groups,
+        observe with |A| and scale each response's advantage row by its Prompt-GDRO weight."""
         start = time.perf_counter()
-        if list(batch_keys) != plan.keys:
-            raise RuntimeError("GDRO: verl computed advantages for other keys than the batch the recipe read")
         adv = data.batch["advantages"]
         real = plan.row_session >= 0
+        singleton = self._singleton_factor(plan)
         row_mult = np.ones(len(plan.keys), dtype=np.float64)
-        row_mult[real] = self._singleton_factor(plan)[plan.row_session[real]]
+        row_mult[real] = singleton[plan.row_session[real]]
         if self.gdro_config.prompt.enable:
             # GRPO gives one scalar per response, broadcast over its (masked) response tokens, so
             # |A| = max_t |A_t| (the inf-norm: one pass over the tensor, no temporary).
             row_abs = torch.linalg.vector_norm(adv, ord=float("inf"), dim=1)
             abs_adv = row_abs[torch.as_tensor(plan.session_final_row)].double().numpy()
-            abs_adv = np.nan_to_num(abs_adv, nan=0.0) * self._singleton_factor(plan)
+            abs_adv = np.nan_to_num(abs_adv, nan=0.0) * singleton
             observed = self._gdro_observe(plan, abs_adv, result.get("lengths"))
             per_session = np.empty(len(observed), dtype=np.float64)
             per_session[plan.order] = observed
