@@ -235,26 +235,7 @@ def rollout(tok):
         pad_token_id=tok.pad_token_id,
         generator=torch.Generator().manual_seed(0),
     )
-    return model, prompts, out, to_batch(prompts, out, tok.pad_token_id)
-
-
-def to_batch(prompts, out, pad):
-    ids, mask = policy.left_pad(prompts, pad)
-    width = max(len(r) for r, _ in out)
-    responses = torch.full((len(out), width), pad)
-    response_mask = torch.zeros((len(out), width), dtype=torch.long)
-    old = torch.zeros((len(out), width))
-    for i, (r, lp) in enumerate(out):
-        responses[i, : len(r)] = torch.tensor(r)
-        response_mask[i, : len(r)] = 1
-        old[i, : len(r)] = torch.tensor(lp)
-    return {
-        "input_ids": torch.cat([ids, responses], 1),
-        "attention_mask": torch.cat([mask, response_mask], 1),
-        "responses": responses,
-        "response_mask": response_mask,
-        "old_log_probs": old,
-    }
+    return model, prompts, out, policy.rollout_batch(prompts, out, tok.pad_token_id)
 
 
 def test_sample_honours_max_new_tokens_and_eos(tok, rollout):

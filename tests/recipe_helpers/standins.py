@@ -33,6 +33,8 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 
+from recipe.gdro.cpu.rollout import generate_and_drain
+
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -274,11 +276,7 @@ class StandInAgentLoopManager:
             raise RuntimeError(f"stand-in agent loop failed: {self.worker.errors}")
 
     async def _generate(self, batch):
-        await self.worker.generate_sequences(batch)
-        pending = [t for t in self.worker.background_tasks if not t.done()]
-        while pending:
-            await asyncio.gather(*pending)
-            pending = [t for t in self.worker.background_tasks if not t.done()]
+        await generate_and_drain(self.worker, batch)
 
     def close(self):
         self.loop.call_soon_threadsafe(self.loop.stop)

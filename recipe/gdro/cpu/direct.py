@@ -147,7 +147,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 for i, (r, _) in zip(pid, out, strict=True)
             ]
         )
-        batch = _to_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)
+        batch = policy.rollout_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)
         lengths = batch["response_mask"].sum(1)
         rewards = torch.zeros_like(batch["old_log_probs"])
         rewards[torch.arange(len(pid)), lengths - 1] = torch.as_tensor(np.where(acc, 1.0, -1.0), dtype=torch.float32)
@@ -192,26 +192,6 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         "eval_seconds": eval_seconds,
         "history": history,
         "model": model,
-    }
-
-
-def _to_batch(prompts: list[list[int]], out, pad: int) -> dict[str, torch.Tensor]:
-    """verl's layout from sampled rollouts: left-padded prompts ‖ right-padded responses."""
-    ids, mask = policy.left_pad(prompts, pad)
-    width = max(len(r) for r, _ in out)
-    responses = torch.full((len(out), width), pad, dtype=torch.long)
-    response_mask = torch.zeros((len(out), width), dtype=torch.long)
-    old = torch.zeros((len(out), width), dtype=torch.float32)
-    for i, (r, lp) in enumerate(out):
-        responses[i, : len(r)] = torch.as_tensor(r)
-        response_mask[i, : len(r)] = 1
-        old[i, : len(r)] = torch.as_tensor(lp)
-    return {
-        "input_ids": torch.cat([ids, responses], 1),
-        "attention_mask": torch.cat([mask, response_mask], 1),
-        "responses": responses,
-        "response_mask": response_mask,
-        "old_log_probs": old,
     }
 
 

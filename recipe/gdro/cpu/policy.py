@@ -66,6 +66,30 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
     return ids, mask
 
 
+def rollout_batch(
+    prompts: list[list[int]], out: list[tuple[list[int], list[float]]], pad_token_id: int
+) -> dict[str, torch.Tensor]:
+    """verl's layout from :func:`sample`'s output: left-padded prompts ‖ right-padded responses, with
+    ``response_mask`` and the sampling log-probs as ``old_log_probs`` (the keys :func:`ppo_update` reads,
+    but ``advantages``)."""
+    ids, mask = left_pad(prompts, pad_token_id)
+    width = max(len(r) for r, _ in out)
+    responses = torch.full((len(out), width), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((len(out), width), dtype=torch.long)
+    old = torch.zeros((len(out), width), dtype=torch.float32)
+    for i, (r, lp) in enumerate(out):
+        responses[i, : len(r)] = torch.as_tensor(r)
+        response_mask[i, : len(r)] = 1
+        old[i, : len(r)] = torch.as_tensor(lp)
+    return {
+        "input_ids": torch.cat([ids, responses], 1),
+        "attention_mask": torch.cat([mask, response_mask], 1),
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_log_probs": old,
+    }
+
+
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) tokens outside the top-k and the top-p nucleus; used only to draw."""
     if top_k is not None and 0 < top_k < logits.shape[-1]:

@@ -261,6 +261,17 @@ class _RewardHandle:
             manager.compute_score = timed
 
 
+async def generate_and_drain(worker, batch) -> None:
+    """verl's ``AgentLoopWorkerTQ.generate_sequences`` returns while the sessions it started (and the
+    TransferQueue puts they make) still run as background tasks: wait until none is left, so the batch
+    is whole in TransferQueue when the trainer reads it."""
+    await worker.generate_sequences(batch)
+    pending = [t for t in worker.background_tasks if not t.done()]
+    while pending:
+        await asyncio.gather(*pending)
+        pending = [t for t in worker.background_tasks if not t.done()]
+
+
 class CPUAgentLoopManager:
     """Stands in for ``AgentLoopManagerTQ``: verl's ``AgentLoopWorkerTQ`` in-process on an event-loop thread.
 
@@ -313,11 +324,7 @@ class CPUAgentLoopManager:
         self.generate_s += time.perf_counter() - start
 
     async def _generate(self, batch):
-        await self.worker.generate_sequences(batch)
-        pending = [t for t in self.worker.background_tasks if not t.done()]
-        while pending:
-            await asyncio.gather(*pending)
-            pending = [t for t in self.worker.background_tasks if not t.done()]
+        await generate_and_drain(self.worker, batch)
 
     def close(self) -> None:
         if self.loop.is_running():
