@@ -65,7 +65,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def pytest_collection_modifyitems(config, items):
-    """test_multinode.py runs last. It starts and stops a Ray head of its own, and a later in-process
-    ``ray.init`` in the same pytest process then failed to start its GCS (every test_recipe_e2e.py test
-    errored, "InvalidAuthToken", in two clean-clone runs of the whole suite; alone, both files pass)."""
-    items.sort(key=lambda item: item.path.name == "test_multinode.py")
+    """test_cpu_backend.py, then test_multinode.py, run last. Each starts and stops a Ray of its own, and
+    after them an in-process ``ray.init`` in the same pytest process failed to start its GCS: every
+    test_recipe_e2e.py test errored ("InvalidAuthToken") in two clean-clone runs of the whole suite,
+    where both files ran before it. Alone each file passes; e2e then cpu_backend, and cpu_backend then
+    multinode, passed in those orders. Which of the two leaves the state behind is not found yet."""
+    last = {"test_cpu_backend.py": 1, "test_multinode.py": 2}
+    items.sort(key=lambda item: last.get(item.path.name, 0))
