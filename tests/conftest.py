@@ -4,13 +4,23 @@ A module-level ``importorskip`` (ray, transfer_queue, psutil) or a ``skipif`` on
 (ruff) would otherwise let a broken install pass green. Skips are collected from collection reports
 (module-level skips) and test reports; at the end of the session any skip whose reason is not
 allowed is listed and the exit status becomes 1 (tests failed).
+
+Several test files start a Ray of their own in this one process; :func:`ray_state_is_restored` fails a
+test that leaves a ``RAY_*`` variable changed or Ray's cached authentication mode out of step with
+``RAY_AUTH_MODE`` (tests/recipe_helpers/ray_env.py says why that breaks the next ``ray.init``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recipe_helpers.ray_env import ray_auth_out_of_sync, ray_env_changes, ray_environ  # noqa: E402
 
 # skip reason -> why it may be skipped in CI
 ALLOWED_SKIPS = {
@@ -64,11 +74,16 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def pytest_collection_modifyitems(config, items):
-    """test_cpu_backend.py, then test_multinode.py, run last. Each starts and stops a Ray of its own, and
-    after them an in-process ``ray.init`` in the same pytest process failed to start its GCS: every
-    test_recipe_e2e.py test errored ("InvalidAuthToken") in two clean-clone runs of the whole suite,
-    where both files ran before it. Alone each file passes; e2e then cpu_backend, and cpu_backend then
-    multinode, passed in those orders. Which of the two leaves the state behind is not found yet."""
-    last = {"test_cpu_backend.py": 1, "test_multinode.py": 2}
-    items.sort(key=lambda item: last.get(item.path.name, 0))
+@pytest.fixture(autouse=True)
+def ray_state_is_restored():
+    """After each test (and its function-scoped fixtures, monkeypatch included): the ``RAY_*`` variables
+    are as before it, but for the one Ray sets itself, and Ray's cached auth mode agrees with them."""
+    before = ray_environ()
+    yield
+    changes = ray_env_changes(before, ray_environ())
+    problems = [f"{k} was {old!r}, left {new!r}" for k, (old, new) in sorted(changes.items())]
+    out_of_sync = ray_auth_out_of_sync()
+    if out_of_sync:
+        problems.append(out_of_sync)
+    if problems:
+        pytest.fail("Ray state leaked out of this test: " + "; ".join(problems), pytrace=False)

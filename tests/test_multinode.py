@@ -26,8 +26,12 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
+
+from recipe_helpers.ray_env import ray_auth_mode  # noqa: E402
 
 from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
@@ -151,9 +155,16 @@ def hidden_head(tmp_path):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def test_workers_without_the_checkout_import_the_shipped_recipe(hidden_head, monkeypatch, tmp_path):
+@pytest.fixture()
+def no_auth():
+    """This process talks to the head without a token, as the head has none. Set with ray_auth_mode, not
+    monkeypatch: Ray caches the mode, and a restored variable over a stale cache broke the next ray.init."""
+    with ray_auth_mode("disabled"):
+        yield
+
+
+def test_workers_without_the_checkout_import_the_shipped_recipe(hidden_head, no_auth, monkeypatch, tmp_path):
     monkeypatch.setenv("RAY_ADDRESS", hidden_head)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.chdir(tmp_path)
 
     # Control: the code is not shipped -> the node cannot load the recipe's probe at all.
