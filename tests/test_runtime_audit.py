@@ -96,6 +96,9 @@ def _run_pytest(tmp_path, body: str, ci: str | None):
     from pathlib import Path
 
     shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    # the conftest's Ray-state check lives beside it
+    (tmp_path / "recipe_helpers").mkdir(exist_ok=True)
+    shutil.copy(Path(__file__).parent / "recipe_helpers" / "ray_env.py", tmp_path / "recipe_helpers" / "ray_env.py")
     (tmp_path / "test_sample.py").write_text(body)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     if ci is not None:
