@@ -129,3 +129,36 @@ def test_no_references_to_documents_outside_the_repository():
             if marker in path.read_text(encoding="utf-8", errors="replace"):
                 offenders.append(str(path.relative_to(REPO)))
     assert not offenders, offenders
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {_slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_docs_links_name_files_and_headings_that_exist():
+    """Every relative link of the README and docs/*.md names a file that exists and, after `#`, one of its
+    headings: a figure has one home and the others link to it, so a renamed heading must not break a link."""
+    broken = []
+    for md in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", md.read_text(encoding="utf-8"), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            path = (md.parent / file).resolve() if file else md
+            if not path.exists():
+                broken.append(f"{md.name}: {target} (no such file)")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{md.name}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_docs_total_at_most_80_kb():
+    sizes = {p.name: len(p.read_bytes()) for p in (REPO / "docs").glob("*.md")}
+    assert sum(sizes.values()) <= 80_000, f"docs/ is {sum(sizes.values())} bytes (at most 80 KB): {sizes}"

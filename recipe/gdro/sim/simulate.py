@@ -34,6 +34,7 @@ import numpy as np
 from scipy.stats import t as student_t
 
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
+from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS, make_learner
 from recipe.gdro.sim.methods import (
     DEFAULT_METHODS,
@@ -510,10 +511,11 @@ def _pct(x: Optional[float]) -> str:
     return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
 
 
-RESULTS_HEADER = (
-    "| method | lr | mean acc. (%) | worst-skill acc. (%) | pass@8 (%) | mean acc. AUC (%) "
-    "| SE red. (%) | var. red. (%) | oracle SE red. (%) | efficiency (%) | adv. mass ratio | total rollouts |"
-)
+RESULTS_COLUMNS = (
+    "method", "lr", "mean acc. (%)", "worst-skill acc. (%)", "pass@8 (%)", "mean acc. AUC (%)", "SE red. (%)",
+    "var. red. (%)", "oracle SE red. (%)", "efficiency (%)", "adv. mass ratio", "total rollouts",
+)  # fmt: skip
+RESULTS_HEADER = markdown_row(RESULTS_COLUMNS)
 
 
 def results_table(res: Mapping[str, Any]) -> str:
@@ -521,17 +523,21 @@ def results_table(res: Mapping[str, Any]) -> str:
 
     SE figures use the TRUE per-prompt variances p(1-p), averaged over the steady-state window.
     """
-    lines = [RESULTS_HEADER, "|" + "---|" * (RESULTS_HEADER.count("|") - 1)]
-    for name, e in res["methods"].items():
-        lines.append(
-            f"| {name} | {e['lr']:.4g} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} "
-            f"| {_fmt(e['worst_skill_accuracy'], e['worst_skill_accuracy_std'])} "
-            f"| {_fmt(e['pass_at_8'], e['pass_at_8_std'])} "
-            f"| {_fmt(e['mean_accuracy_auc'], e['mean_accuracy_auc_std'])} "
-            f"| {_pct(e['se_reduction'])} | {_pct(e['variance_reduction'])} | {_pct(e['oracle_se_reduction'])} "
-            f"| {_pct(e['efficiency'])} | {e['advantage_mass_ratio']:.2f} | {e['total_rollouts']} |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [
+            name,
+            f"{e['lr']:.4g}",
+            *(
+                _fmt(e[k], e[f"{k}_std"])
+                for k in ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "mean_accuracy_auc")
+            ),
+            *(_pct(e[k]) for k in ("se_reduction", "variance_reduction", "oracle_se_reduction", "efficiency")),
+            f"{e['advantage_mass_ratio']:.2f}",
+            e["total_rollouts"],
+        ]
+        for name, e in res["methods"].items()
+    ]
+    return "\n".join(markdown_table(RESULTS_COLUMNS, rows))
 
 
 def _ci_text(a: Sequence[float], b: Sequence[float]) -> tuple[str, float, float]:
@@ -579,41 +585,48 @@ def outcome_lines(res: Mapping[str, Any], baseline: str = "grpo", baseline_label
     return out
 
 
-TOKENS_HEADER = (
-    "| method | tokens / step | vs GRPO (%) | ratio to uniform | truncated (%) | mean acc. (%) "
-    "| acc. gain per 10⁶ tokens (points) |"
-)
+TOKENS_COLUMNS = (
+    "method", "tokens / step", "vs GRPO (%)", "ratio to uniform", "truncated (%)", "mean acc. (%)",
+    "acc. gain per 10⁶ tokens (points)",
+)  # fmt: skip
 
 
 def tokens_table(res: Mapping[str, Any], baseline: str = "grpo") -> str:
     """Tokens per step (against GRPO), Σ generated / Σ uniform expectation, and accuracy per token."""
-    lines = [TOKENS_HEADER, "|" + "---|" * (TOKENS_HEADER.count("|") - 1)]
     base = res["methods"].get(baseline, {}).get("tokens_per_step")
-    for name, e in res["methods"].items():
-        vs = f"{100 * (e['tokens_per_step'] / base - 1):+.1f}" if base else "–"
-        lines.append(
-            f"| {name} | {e['tokens_per_step']:.0f} ± {e['tokens_per_step_std']:.0f} | {vs} "
-            f"| {e['tokens_ratio_to_uniform']:.3f} ± {e['tokens_ratio_to_uniform_std']:.3f} "
-            f"| {_pct(e['truncation_rate'])} | {_fmt(e['mean_accuracy'], e['mean_accuracy_std'])} "
-            f"| {100 * e['accuracy_gain_per_mtoken']:.3f} ± {100 * e['accuracy_gain_per_mtoken_std']:.3f} |"
-        )
-    return "\n".join(lines)
+    rows = [
+        [
+            name,
+            f"{e['tokens_per_step']:.0f} ± {e['tokens_per_step_std']:.0f}",
+            f"{100 * (e['tokens_per_step'] / base - 1):+.1f}" if base else "–",
+            f"{e['tokens_ratio_to_uniform']:.3f} ± {e['tokens_ratio_to_uniform_std']:.3f}",
+            _pct(e["truncation_rate"]),
+            _fmt(e["mean_accuracy"], e["mean_accuracy_std"]),
+            f"{100 * e['accuracy_gain_per_mtoken']:.3f} ± {100 * e['accuracy_gain_per_mtoken_std']:.3f}",
+        ]
+        for name, e in res["methods"].items()
+    ]
+    return "\n".join(markdown_table(TOKENS_COLUMNS, rows))
 
 
 def skills_table(res: Mapping[str, Any]) -> str:
     """Per-skill final accuracy and compute share vs data share per method."""
     skills = res["scenario"]["skills"]
     methods = res["methods"]
-    head = "| skill | frequency | " + " | ".join(f"{m} acc. / compute share (%)" for m in methods) + " |"
-    lines = [head, "|---|---|" + "---|" * len(methods)]
+    columns = ["skill", "frequency", *(f"{m} acc. / compute share (%)" for m in methods)]
     total_f = sum(s["frequency"] for s in skills)
-    for s in skills:
-        n = s["name"]
-        cells = []
-        for m, e in methods.items():
-            cells.append(f"{100 * e['skill_accuracy'][n]:.1f} / {100 * e['skill_compute_share'][n]:.1f}")
-        lines.append(f"| {n} | {100 * s['frequency'] / total_f:.1f}% | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [
+        [
+            s["name"],
+            f"{100 * s['frequency'] / total_f:.1f}%",
+            *(
+                f"{100 * e['skill_accuracy'][s['name']]:.1f} / {100 * e['skill_compute_share'][s['name']]:.1f}"
+                for e in methods.values()
+            ),
+        ]
+        for s in skills
+    ]
+    return "\n".join(markdown_table(columns, rows))
 
 
 def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str], title: Optional[str] = None) -> str:
