@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
@@ -58,10 +59,12 @@ class DirectConfig:
     method: str = "grpo"
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
     num_train: int = 8000
+    train_file: str | None = None  # train on these rows (data_prep/arith.py's parquet schema) instead
     num_val: int = 1000
     data_seed: int = 0
     seed: int = 0
     eval_samples: int = 1
+    eval_every: int = 0  # also evaluate every k steps (0: before and after only): the learning curve
     actor: dict = field(
         default_factory=lambda: {
             "clip_ratio": 0.2,
@@ -95,6 +98,11 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _curve_point(result: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """One learning-curve point: mean (frequency-weighted) and per-skill pass@1."""
+    return {"mean": result["all"]["pass1"], **{k: v["pass1"] for k, v in result.items() if k != "all"}}
+
+
 def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     """Train the model at ``config.model_path`` and return before/after validation and step metrics."""
     if isinstance(config, dict):
@@ -104,10 +112,20 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(config.seed)
     model = load_model(config.model_path)
     tok = load_tokenizer(config.model_path)
-    train = arith.build_split(config.num_train, config.data_seed, val=False)
+    train = (
+        pq.read_table(config.train_file).to_pylist()
+        if config.train_file
+        else arith.build_split(config.num_train, config.data_seed, val=False)
+    )
     val = arith.build_split(config.num_val, config.data_seed, val=True)
     prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
-    ctl = GDROController(gdro_config_from_dict(_merge(method_gdro(config.method, config.n), config.gdro)), len(train))
+    # As the recipe's trainer builds it: the actor's loss_agg_mode sets Prompt-GDRO's mass units.
+    ctl = GDROController(
+        gdro_config_from_dict(_merge(method_gdro(config.method, config.n), config.gdro)),
+        len(train),
+        loss_agg_mode=config.actor["loss_agg_mode"],
+        max_response_length=config.max_new_tokens,
+    )
     actor = dict(config.actor, ppo_mini_batch_size=config.prompts, rollout_n=config.n)
     optimizer = policy.make_optimizer(model, config.lr)
 
@@ -119,6 +137,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     order = rng.permutation(len(train))
     cursor = 0
     history = []
+    # The learning curve: validation accuracy against cumulative generated tokens and rollouts.
+    curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before)}]
+    tokens_total = rollouts_total = 0
     t_train = time.perf_counter()
     for step in range(config.steps):
         t_step = time.perf_counter()
@@ -153,8 +174,13 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         rewards[torch.arange(len(pid)), lengths - 1] = torch.as_tensor(np.where(acc, 1.0, -1.0), dtype=torch.float32)
         advantages, _ = compute_grpo_outcome_advantage(rewards, batch["response_mask"], index=pid)
         abs_adv = advantages.abs().amax(dim=1).double().numpy()
-        mult = ctl.observe(pid, acc, response_abs_advantage=abs_adv)
+        mult = ctl.observe(pid, acc, response_abs_advantage=abs_adv, response_length=lengths.numpy())
         batch["advantages"] = advantages * torch.as_tensor(mult, dtype=torch.float32)[:, None]
+        # The step's size in the loss's units: sum over responses of |A| x tokens (token-mean's
+        # numerator), before and after the multipliers.
+        mask = batch["response_mask"].float()
+        adv_token_mass = float((advantages.abs() * mask).sum())
+        weighted_mass = float((batch["advantages"].abs() * mask).sum())
         metrics = policy.ppo_update(
             model,
             optimizer,
@@ -169,11 +195,19 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 "train/acc": float(acc.mean()),
                 "train/response_length": float(lengths.float().mean()),
                 "train/rollouts": int(len(pid)),
+                "train/tokens": int(lengths.sum()),
+                "train/adv_token_mass": adv_token_mass,
+                "train/weighted_adv_token_mass": weighted_mass,
                 "time/step_s": time.perf_counter() - t_step,
             }
         )
         metrics.update(ctl.metrics())
         history.append(metrics)
+        tokens_total += int(lengths.sum())
+        rollouts_total += len(pid)
+        if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
+            point = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+            curve.append({"step": step + 1, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(point)})
         if (step + 1) % max(1, config.steps // 10) == 0:
             log(
                 f"step {step + 1}/{config.steps} train acc {metrics['train/acc']:.3f} "
@@ -183,6 +217,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     after = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
+    curve.append({"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after)})
     return {
         "config": config.__dict__,
         "before": before,
@@ -191,8 +226,26 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         "seconds_per_step": train_seconds / max(1, config.steps),
         "eval_seconds": eval_seconds,
         "history": history,
+        "curve": curve,
         "model": model,
     }
+
+
+def parse_gdro_overrides(items: list[str]) -> dict[str, Any]:
+    """``["rollout.budget=tokens", "prompt.eta=0.1"]`` -> a nested dict (values parsed as YAML)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        node = out
+        *parents, leaf = key.removeprefix("gdro.").split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(text)
+    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -209,7 +262,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--num_train", type=int, default=d.num_train, help="training prompts (revisits need few)")
     p.add_argument("--eval_samples", type=int, default=d.eval_samples)
+    p.add_argument("--eval_every", type=int, default=d.eval_every, help="validate every k steps too (0: off)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument(
+        "--gdro",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gdro.* override over the method's, e.g. rollout.budget=tokens (repeatable)",
+    )
     p.add_argument("--out", default=None, help="write the result (without the model) as JSON here")
     return p.parse_args(argv)
 
@@ -223,8 +284,15 @@ def main(argv=None) -> int:
     if args.n < 2:
         print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
         return 2
+    try:
+        gdro = parse_gdro_overrides(args.gdro)
+        gdro_config_from_dict(_merge(method_gdro(args.method, args.n), gdro))
+    except ValueError as e:
+        print(f"error: --gdro: {e}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     config = DirectConfig(
+        gdro=gdro,
         model_path=args.model_path,
         method=args.method,
         steps=args.steps,
@@ -234,6 +302,7 @@ def main(argv=None) -> int:
         seed=args.seed,
         num_train=args.num_train,
         eval_samples=args.eval_samples,
+        eval_every=args.eval_every,
     )
     result = run_direct(config)
     result.pop("model")

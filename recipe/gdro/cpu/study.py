@@ -1,0 +1,273 @@
+"""The tiny-LM study: GDRO against a tuned GRPO on a real learner, under a declared protocol.
+
+Usage (from the repository root; outputs go under ``--out``, never into the source tree)::
+
+    python -m recipe.gdro.cpu.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
+    python -m recipe.gdro.cpu.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
+    python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the tables again, from the cache
+
+Every run is :func:`recipe.gdro.cpu.direct.run_direct` (the CPU backend's sampling, log-prob and
+update code, the recipe's ``verl_ext`` controllers, verl's GRPO advantage and policy loss; no Ray).
+Finished runs are stored in ``OUT/cache`` under the SHA-256 of their full configuration
+(:class:`recipe.gdro.sim.protocol.RunCache`), so an interrupted stage resumes where it stopped and
+a changed setting never reuses a stale run.
+
+The protocol, fixed here before any evaluation-seed run:
+
+* **Tuning.** Each method's learning rate is the best of :data:`LR_GRID` by mean final validation
+  accuracy over :data:`TUNING_SEEDS`. Nothing is chosen on :data:`EVAL_SEEDS`.
+* **Pairing.** A seed fixes the data order, the initial sampling stream and the validation draws;
+  every method sees the same training prompts in the same order and the same validation prompts.
+* **Primary family** (:func:`primary_comparisons`), each GDRO method against tuned GRPO, paired
+  over the evaluation seeds, Holm-corrected together: final mean accuracy, final worst-skill
+  accuracy (over the skills the base solves at pass@1 >= :data:`SOLVABLE`), and the generated
+  tokens needed to reach GRPO's final mean accuracy (log ratio; lower is better).
+* **Budgets.** All methods generate the same number of rollouts (refused otherwise); tokens differ
+  and are reported, with accuracy also read at GRPO's token total (exploratory), and the step size
+  in the loss's units (sum of |A| x tokens) against GRPO's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from recipe.gdro.cpu.direct import METHODS, DirectConfig
+from recipe.gdro.results.table import markdown_table
+from recipe.gdro.sim.protocol import (
+    PRIMARY,
+    Comparison,
+    RunCache,
+    budget_to_reach,
+    check_equal_budgets,
+    holm,
+    paired_t_pvalue,
+    value_at_budget,
+)
+
+TUNING_SEEDS = (100,)
+EVAL_SEEDS = (0, 1, 2)
+LR_GRID = (5e-5, 1e-4, 2e-4)
+SOLVABLE = 0.1  # a skill counts for worst-skill accuracy if the base's pass@1 is at least this
+# The run shape shared by every run of the study (DirectConfig fields; method, lr, seed vary).
+STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train": 2048, "eval_every": 30}
+
+
+def run_config(method: str, lr: float, seed: int, shape: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The full, JSON-able configuration of one run (the run cache's key)."""
+    config = DirectConfig(method=method, lr=float(lr), seed=int(seed), **(shape or STUDY_SHAPE))
+    return asdict(config)
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    """What the study keeps of a run: curves, budgets, before/after, step-size totals."""
+    history = result["history"]
+    return {
+        "before": result["before"],
+        "after": result["after"],
+        "curve": result["curve"],
+        "rollouts": int(sum(h["train/rollouts"] for h in history)),
+        "tokens": int(sum(h["train/tokens"] for h in history)),
+        "adv_token_mass": float(sum(h["train/adv_token_mass"] for h in history)),
+        "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
+        "train_acc": [h["train/acc"] for h in history],
+        "seconds": result["train_seconds"],
+    }
+
+
+def _run(config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from recipe.gdro.cpu.direct import run_direct
+
+    torch.set_num_threads(1)
+    return _summary(run_direct(config, log=lambda *_: None))
+
+
+class MissingRuns(RuntimeError):
+    """``report`` asked for runs the cache does not hold."""
+
+
+def run_all(configs: list[dict[str, Any]], cache: RunCache, jobs: int, log=print) -> list[dict[str, Any]]:
+    """Results of ``configs`` in order: cached ones read back, the rest run (``jobs`` at a time;
+    ``jobs=0`` runs nothing and raises :class:`MissingRuns` if any is absent)."""
+    todo = [c for c in configs if cache.get(c) is None]
+    if todo and jobs == 0:
+        first = todo[0]
+        raise MissingRuns(
+            f"{len(todo)} of {len(configs)} runs are not in the cache (first: {first['method']} lr={first['lr']:g} "
+            f"seed={first['seed']}); run the stage that makes them"
+        )
+    log(f"{len(configs)} runs, {len(configs) - len(todo)} cached, {len(todo)} to run ({jobs} at a time)")
+    if todo:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for k, (config, result) in enumerate(zip(todo, pool.map(_run, todo), strict=True), 1):
+                cache.put(config, result)
+                log(
+                    f"[{k}/{len(todo)}] {config['method']} lr={config['lr']:g} seed={config['seed']}: "
+                    f"mean {result['after']['all']['pass1']:.3f} ({result['seconds']:.0f} s)"
+                )
+    return [cache.get(c) for c in configs]
+
+
+# ------------------------------------------------------------------------------------- tuning
+def tune(cache: RunCache, jobs: int, log=print) -> dict[str, float]:
+    """Each method's lr: best mean final accuracy over the tuning seeds (ties: the smaller lr)."""
+    configs = [run_config(m, lr, s) for m in METHODS for lr in LR_GRID for s in TUNING_SEEDS]
+    results = run_all(configs, cache, jobs, log)
+    score: dict[tuple[str, float], list[float]] = {}
+    for config, result in zip(configs, results, strict=True):
+        score.setdefault((config["method"], config["lr"]), []).append(result["after"]["all"]["pass1"])
+    rows, tuned = [], {}
+    for m in METHODS:
+        means = {lr: float(np.mean(score[(m, lr)])) for lr in LR_GRID}
+        tuned[m] = max(sorted(means), key=lambda lr: means[lr])
+        rows.append([m, *(f"{means[lr]:.3f}" for lr in LR_GRID), f"{tuned[m]:g}"])
+    base = results[0]["before"]["all"]["pass1"]
+    log(f"tuning seeds {list(TUNING_SEEDS)}: final mean validation accuracy (base {base:.3f})")
+    log("\n".join(markdown_table(["method", *(f"lr {lr:g}" for lr in LR_GRID), "chosen"], rows)))
+    return tuned
+
+
+# ------------------------------------------------------------------------------------ primary
+def primary_comparisons() -> list[Comparison]:
+    """The declared primary family: 3 GDRO methods x 3 metrics against tuned GRPO."""
+    out = []
+    for m in METHODS[1:]:
+        out.append(Comparison(f"{m} final mean", m, "grpo", "final_mean"))
+        out.append(Comparison(f"{m} final worst-skill", m, "grpo", "final_worst"))
+        out.append(
+            Comparison(f"{m} tokens to GRPO's final mean", m, "grpo", "log_tokens_to_target", lower_is_better=True)
+        )
+    return out
+
+
+def solvable_skills(before: dict[str, dict[str, Any]]) -> list[str]:
+    """Skills the base solves at pass@1 >= SOLVABLE (fixed by the base, not by any method's run)."""
+    return [k for k, v in before.items() if k != "all" and v["pass1"] >= SOLVABLE]
+
+
+def seed_metrics(run: dict[str, Any], grpo: dict[str, Any]) -> dict[str, float]:
+    """One run's per-seed metrics, with GRPO's run of the same seed as the reference."""
+    skills = solvable_skills(grpo["before"])
+    tokens = [p["tokens"] for p in run["curve"]]
+    means = [p["mean"] for p in run["curve"]]
+    target = grpo["after"]["all"]["pass1"]
+    reach = budget_to_reach(tokens, means, target)
+    grpo_reach = budget_to_reach([p["tokens"] for p in grpo["curve"]], [p["mean"] for p in grpo["curve"]], target)
+    grpo_mass = grpo["weighted_adv_token_mass"]
+    both_reach = math.isfinite(reach) and reach > 0 and math.isfinite(grpo_reach) and grpo_reach > 0
+    return {
+        "final_mean": run["after"]["all"]["pass1"],
+        "final_worst": min(run["after"][k]["pass1"] for k in skills),
+        # NaN when either run never leaves (or starts at) the target: untestable, never counted as 0
+        "log_tokens_to_target": math.log(reach / grpo_reach) if both_reach else float("nan"),
+        "mean_at_grpo_tokens": value_at_budget(tokens, means, grpo["tokens"]),
+        "tokens": run["tokens"],
+        "step_mass_ratio": run["weighted_adv_token_mass"] / grpo_mass if grpo_mass > 0 else float("nan"),
+    }
+
+
+def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Run the evaluation seeds at the tuned lrs and return the report (Markdown)."""
+    configs = {(m, s): run_config(m, tuned[m], s) for m in METHODS for s in EVAL_SEEDS}
+    results = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
+    for s in EVAL_SEEDS:
+        check_equal_budgets({m: results[(m, s)]["rollouts"] for m in METHODS}, "rollouts")
+    per = {(m, s): seed_metrics(results[(m, s)], results[("grpo", s)]) for m in METHODS for s in EVAL_SEEDS}
+    comparisons = primary_comparisons()
+    diffs = {
+        c.name: [per[(c.method, s)][c.metric] - per[("grpo", s)][c.metric] for s in EVAL_SEEDS] for c in comparisons
+    }
+    adjusted = holm({c.name: paired_t_pvalue(diffs[c.name]) for c in comparisons if c.family == PRIMARY})
+    rows = []
+    for c in comparisons:
+        d = np.asarray(diffs[c.name], dtype=float)
+        ok = d[~np.isnan(d)]
+        mean = float(ok.mean()) if ok.size else float("nan")
+        better = mean < 0 if c.lower_is_better else mean > 0
+        h = adjusted[c.name]
+        verdict = ("GDRO better" if better else "GRPO better") if h.rejected else "not resolved"
+        rows.append(
+            [
+                c.name,
+                f"{mean:+.3f}" if ok.size else "n/a",
+                f"{ok.size}/{d.size}",
+                f"{h.p:.3f}",
+                f"{h.p_adjusted:.3f}",
+                verdict,
+            ]
+        )
+    lines = [
+        f"Primary family (declared; {len(comparisons)} comparisons, Holm at 0.05; "
+        f"paired over seeds {list(EVAL_SEEDS)}):",
+        *markdown_table(["comparison", "mean diff vs GRPO", "seeds", "p", "p (Holm)", "verdict"], rows),
+        "",
+        "Per method, mean over evaluation seeds (exploratory rows: mean at GRPO's tokens, step mass):",
+    ]
+    skills = [k for k in results[("grpo", EVAL_SEEDS[0])]["after"] if k != "all"]
+    rows = []
+    for m in METHODS:
+        runs = [results[(m, s)] for s in EVAL_SEEDS]
+        pm = [per[(m, s)] for s in EVAL_SEEDS]
+        rows.append(
+            [
+                f"{m} (lr {tuned[m]:g})",
+                f"{np.mean([r['before']['all']['pass1'] for r in runs]):.3f}",
+                f"{np.mean([p['final_mean'] for p in pm]):.3f}",
+                f"{np.mean([p['final_worst'] for p in pm]):.3f}",
+                *(f"{np.mean([r['after'][k]['pass1'] for r in runs]):.3f}" for k in skills),
+                f"{np.nanmean([p['mean_at_grpo_tokens'] for p in pm]):.3f}",
+                f"{np.mean([p['tokens'] for p in pm]):,.0f}",
+                f"{np.mean([p['step_mass_ratio'] for p in pm]):.2f}",
+            ]
+        )
+    head = ["method", "base mean", "final mean", "worst-skill", *skills, "mean at GRPO tokens", "tokens", "step mass"]
+    lines.extend(markdown_table(head, rows))
+    lines.append(
+        f"worst-skill over {solvable_skills(results[('grpo', EVAL_SEEDS[0])]['before'])} (base pass@1 >= {SOLVABLE})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("stage", choices=("tune", "primary", "report"))
+    p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    args = p.parse_args(argv)
+    out = Path(args.out).expanduser()
+    try:
+        cache = RunCache(out / "cache")
+    except OSError as e:
+        print(f"error: cannot write to --out {out}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    jobs = 0 if args.stage == "report" else args.jobs
+    try:
+        tuned = tune(cache, jobs)
+        (out / "tuned_lr.json").write_text(json.dumps(tuned, indent=1) + "\n", encoding="utf-8")
+        if args.stage != "tune":
+            report = primary(cache, jobs, tuned)
+            print(report)
+            (out / "report.md").write_text(report + "\n", encoding="utf-8")
+    except MissingRuns as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
