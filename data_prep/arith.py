@@ -6,9 +6,10 @@ Usage (from the repository root)::
     python -m data_prep.arith --local_dir DIR --seed 1 --num_train 4000 --num_val 500
 
 A family of skills (:data:`SKILLS`) with long-tailed frequencies and graded difficulty, shaped like
-DAPO-14.1k as a base model sees it: a saturated easy core (2-digit addition), a learnable
-frontier (2-digit subtraction), a rare hard skill (1x2-digit multiplication) and a large share
-the shipped tiny base (almost) cannot solve (3- and 4-digit addition, 2x2-digit multiplication). A prompt is
+DAPO-14.1k as a base model sees it: a saturated easy core (2-digit addition), skills with room to
+sharpen (2-digit subtraction, 3-digit addition), a frontier (4-digit addition), a rare hard skill
+(1x2-digit multiplication) and a share the shipped tiny base (almost) cannot solve (2x2-digit
+multiplication). A prompt is
 the bare problem (``"12+34="``, one user turn); the expected response is ``"Answer: 46"``, which
 verl's ``math_dapo`` scorer reads (its Minerva ``Answer:`` line); ``data_prep/reward_fn.py``
 routes every ``arith_<skill>`` data source there.
@@ -105,12 +106,12 @@ class Skill:
 
 
 # Roles as the shipped base (recipe/gdro/cpu/base, docs/tiny_lm.md) measures them at temperature 1:
-# add2 0.91, sub2 0.44, mul1x2 0.13, add3 0.05, add4 0.01, mul2x2 0.01.
+# add2 0.99, add3 0.91, sub2 0.87, add4 0.83, mul1x2 0.45, mul2x2 0.05.
 SKILLS: tuple[Skill, ...] = (
     Skill("add2", "+", (2, 2), 0.35, "core"),
-    Skill("sub2", "-", (2, 2), 0.15, "frontier"),
-    Skill("add3", "+", (3, 3), 0.20, "near-unsolved"),
-    Skill("add4", "+", (4, 4), 0.12, "unsolved"),
+    Skill("sub2", "-", (2, 2), 0.15, "core"),
+    Skill("add3", "+", (3, 3), 0.20, "core"),
+    Skill("add4", "+", (4, 4), 0.12, "frontier"),
     Skill("mul1x2", "*", (1, 2), 0.06, "rare-hard"),
     Skill("mul2x2", "*", (2, 2), 0.12, "unsolved"),
 )

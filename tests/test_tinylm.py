@@ -213,6 +213,11 @@ def test_shipped_base_is_small_loads_offline_and_spans_the_difficulty_range(tok)
     assert result["mul2x2"]["pass1"] <= 0.1
     # the measured figures recorded beside the model agree with this re-measurement
     assert abs(info["validation"]["add2"]["pass1"] - result["add2"]["pass1"]) < 0.12
+    # the recorded evaluation spans the range the adversaries need: a saturated core, a frontier
+    # (some skill at pass@1 0.2-0.6) and a skill the base almost never solves
+    recorded = {k: v["pass1"] for k, v in info["validation"].items() if k != "all"}
+    assert max(recorded.values()) >= 0.9 and min(recorded.values()) <= 0.05
+    assert any(0.2 <= v <= 0.6 for v in recorded.values()), recorded
 
 
 # ---------------------------------------------------------------------------------------------
