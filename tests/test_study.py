@@ -75,6 +75,12 @@ def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, m
     capsys.readouterr()
     assert study.main(["report", "--out", str(out)]) == 0  # everything cached: runs nothing
     assert "0 to run" in capsys.readouterr().out and (out / "report.md").read_text() == first
+    # the exploratory arms: GRPO's tuning-seed run is reused, the arm is one new run
+    monkeypatch.setattr(study, "EXPLORE_SEEDS", (100,))
+    monkeypatch.setattr(study, "EXPLORE_ARMS", {"tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}})})
+    assert study.main(["explore", "--out", str(out), "--jobs", "1"]) == 0
+    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1
+    assert "| tokens |" in (out / "explore.md").read_text()
     # a changed setting is a different run: the cache does not answer for it
     monkeypatch.setitem(study.STUDY_SHAPE, "steps", 3)
     assert study.main(["report", "--out", str(out)]) == 2

@@ -4,7 +4,8 @@ Usage (from the repository root; outputs go under ``--out``, never into the sour
 
     python -m recipe.gdro.cpu.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
     python -m recipe.gdro.cpu.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
-    python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the tables again, from the cache
+    python -m recipe.gdro.cpu.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
+    python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the primary tables again, from the cache
 
 Every run is :func:`recipe.gdro.cpu.direct.run_direct` (the CPU backend's sampling, log-prob and
 update code, the recipe's ``verl_ext`` controllers, verl's GRPO advantage and policy loss; no Ray).
@@ -61,9 +62,22 @@ SOLVABLE = 0.1  # a skill counts for worst-skill accuracy if the base's pass@1 i
 STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train": 2048, "eval_every": 30}
 
 
-def run_config(method: str, lr: float, seed: int, shape: dict[str, Any] | None = None) -> dict[str, Any]:
+# Exploratory arms (issue 16, item 5; issue 17): each at its method's tuned lr on EXPLORE_SEEDS
+# (tuning seeds, never the evaluation seeds), against tuned GRPO on the same seeds. Unadjusted.
+EXPLORE_SEEDS = (100, 101)
+EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rollout_gdro, budget=tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}),
+    "joint, budget=tokens": ("joint", {"rollout": {"budget": "tokens"}}),
+    "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}),
+    "rollout_gdro, half_life=2": ("rollout_gdro", {"binner": {"half_life": 2.0}}),
+}
+
+
+def run_config(
+    method: str, lr: float, seed: int, shape: dict[str, Any] | None = None, gdro: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The full, JSON-able configuration of one run (the run cache's key)."""
-    config = DirectConfig(method=method, lr=float(lr), seed=int(seed), **(shape or STUDY_SHAPE))
+    config = DirectConfig(method=method, lr=float(lr), seed=int(seed), gdro=gdro or {}, **(shape or STUDY_SHAPE))
     return asdict(config)
 
 
@@ -79,6 +93,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
         "adv_token_mass": float(sum(h["train/adv_token_mass"] for h in history)),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
         "train_acc": [h["train/acc"] for h in history],
+        "ratio_to_uniform": [h.get("gdro/tokens/ratio_to_uniform", float("nan")) for h in history],
         "seconds": result["train_seconds"],
     }
 
@@ -238,11 +253,52 @@ def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     return "\n".join(lines)
 
 
+def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Run the exploratory arms and return their table (Markdown; every row exploratory)."""
+    grpo = {s: run_config("grpo", tuned["grpo"], s) for s in EXPLORE_SEEDS}
+    arms = {
+        (name, s): run_config(m, tuned[m], s, gdro=g) for name, (m, g) in EXPLORE_ARMS.items() for s in EXPLORE_SEEDS
+    }
+    done = run_all([*grpo.values(), *arms.values()], cache, jobs, log)
+    ref = dict(zip(EXPLORE_SEEDS, done[: len(grpo)], strict=True))
+    got = dict(zip(arms, done[len(grpo) :], strict=True))
+    rows = []
+    for name in ["grpo", *EXPLORE_ARMS]:
+        runs = [ref[s] if name == "grpo" else got[(name, s)] for s in EXPLORE_SEEDS]
+        per = [seed_metrics(r, ref[s]) for r, s in zip(runs, EXPLORE_SEEDS, strict=True)]
+        diff = [
+            p["final_mean"] - seed_metrics(ref[s], ref[s])["final_mean"]
+            for p, s in zip(per, EXPLORE_SEEDS, strict=True)
+        ]
+        rows.append(
+            [
+                name,
+                f"{np.mean([p['final_mean'] for p in per]):.3f}",
+                f"{np.mean(diff):+.3f}",
+                f"{np.mean([p['final_worst'] for p in per]):.3f}",
+                f"{np.mean([r['tokens'] for r in runs]) / np.mean([ref[s]['tokens'] for s in EXPLORE_SEEDS]):.3f}",
+                f"{np.nanmean([np.nanmean(r.get('ratio_to_uniform', [np.nan])) for r in runs]):.3f}",
+                f"{np.mean([p['step_mass_ratio'] for p in per]):.2f}",
+            ]
+        )
+    head = [
+        "arm (exploratory)",
+        "final mean",
+        "vs GRPO",
+        "worst-skill",
+        "tokens / GRPO's",
+        "tokens / uniform",
+        "step mass",
+    ]
+    lines = [f"Exploratory arms, tuning seeds {list(EXPLORE_SEEDS)}, unadjusted:", *markdown_table(head, rows)]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("stage", choices=("tune", "primary", "report"))
+    p.add_argument("stage", choices=("tune", "primary", "explore", "report"))
     p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     args = p.parse_args(argv)
@@ -259,10 +315,14 @@ def main(argv=None) -> int:
     try:
         tuned = tune(cache, jobs)
         (out / "tuned_lr.json").write_text(json.dumps(tuned, indent=1) + "\n", encoding="utf-8")
-        if args.stage != "tune":
+        if args.stage in ("primary", "report"):
             report = primary(cache, jobs, tuned)
             print(report)
             (out / "report.md").write_text(report + "\n", encoding="utf-8")
+        if args.stage == "explore":
+            report = explore(cache, jobs, tuned)
+            print(report)
+            (out / "explore.md").write_text(report + "\n", encoding="utf-8")
     except MissingRuns as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
