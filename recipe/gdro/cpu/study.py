@@ -56,7 +56,7 @@ from recipe.gdro.sim.protocol import (
 
 TUNING_SEEDS = (100,)
 EVAL_SEEDS = (0, 1, 2)
-LR_GRID = (5e-5, 1e-4, 2e-4)
+LR_GRID = (2.5e-5, 5e-5, 1e-4, 2e-4)
 SOLVABLE = 0.1  # a skill counts for worst-skill accuracy if the base's pass@1 is at least this
 # The run shape shared by every run of the study (DirectConfig fields; method, lr, seed vary).
 STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train": 2048, "eval_every": 30}
