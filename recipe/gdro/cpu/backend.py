@@ -57,6 +57,8 @@ def _trajectory_order(key: str, positions: dict[str, int]) -> tuple:
 class CPUBackendMixin:
     """Replaces ``PPOTrainer._setup``'s GPU parts with the CPU stand-ins (module docstring)."""
 
+    rollout_server_cls = CPURolloutServer
+
     def _setup(self):
         from recipe.gdro.cpu import tinylm
 
@@ -66,7 +68,7 @@ class CPUBackendMixin:
         torch.manual_seed(int(self.config.actor_rollout_ref.rollout.get("seed", 0)))
         rollout_cfg = self.config.actor_rollout_ref.rollout
         model = tinylm.load_model(str(self.config.actor_rollout_ref.model.path), "cpu")
-        self.cpu_server = CPURolloutServer(
+        self.cpu_server = self.rollout_server_cls(
             copy.deepcopy(model),
             response_length=int(rollout_cfg.response_length),
             eos_token_id=int(self.tokenizer.eos_token_id),
