@@ -20,12 +20,14 @@ rollouts, and prints the mean per-step wall time after ``--warmup`` steps, split
 before the speed-ups (verl's per-session agent-loop path unchanged -- ``CPUAgentLoopManager(
 reuse_agent_loops=False, inline_executor=False)``: a new ``SingleTurnAgentLoop`` a session, thread-pool
 hops -- and no ``gc.freeze``) and with the backend's defaults. It prints the two splits side by side,
-their ratios and the load average after each run (the machine is shared: compare ratios).
+their ratios, the load average after each run (the machine is shared: compare ratios) and whether
+every run ended with the same weights (the speed-ups must not change a rollout).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -130,6 +132,14 @@ class StepTimer:
         self.bench_rows = getattr(self, "bench_rows", []) + [row]
 
 
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def split(rows: list[dict], warmup: int) -> tuple[dict[str, float], dict[str, float]]:
     """(named parts in s/step, the means) over the steps after ``warmup``."""
     rows = rows[warmup:] or rows
@@ -209,25 +219,29 @@ def main(argv=None) -> int:
         )
         prepare(prepare_cpu_config(config))
         trainer = run_cpu(config, trainer_mixins=(StepTimer,), **options)
-        return trainer.bench_rows, os.getloadavg()
+        return trainer.bench_rows, os.getloadavg(), weights_digest(trainer.actor_rollout_wg.model)
 
     header = f"CPU backend step ({args.method}, 64 prompts x 4 rollouts)"
     if not args.compare:
-        rows, load = run({}, "run")
+        rows, load, _ = run({}, "run")
         print(f"\n{header}, load average {load[0]:.1f} / {load[1]:.1f}:")
         print(report(rows, args.warmup))
         return 0
     before = {"agent_loop_options": {"reuse_agent_loops": False, "inline_executor": False}, "freeze_gc": False}
     variants = {"before": before, "after": {}}
     results: dict[str, list] = {name: [] for name in variants}
+    digests = set()
     for r in range(args.rounds):
         for name, options in variants.items():
-            rows, load = run(options, f"{name}{r}")
+            rows, load, digest = run(options, f"{name}{r}")
             results[name].append((split(rows, args.warmup)[0], load))
+            digests.add(digest)
             print(f"\n{header}, {name} (round {r + 1}), load average {load[0]:.1f} / {load[1]:.1f}:")
             print(report(rows, args.warmup))
     print(f"\n{header}: before vs after the speed-ups, mean of {args.rounds} round(s):")
     print(compare_report(results))
+    same = "identical" if len(digests) == 1 else "DIFFERENT"
+    print(f"  final weights of all {2 * args.rounds} runs: {same} (sha256 {', '.join(sorted(digests))})")
     return 0
 
 

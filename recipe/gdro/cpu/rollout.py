@@ -71,7 +71,7 @@ SINGLE_TURN_TARGET = "verl.experimental.agent_loop.single_turn_agent_loop.Single
 
 @functools.cache
 def cpu_agent_loop_worker_class():
-    """:class:`CPUAgentLoopWorkerTQ`: verl's ``AgentLoopWorkerTQ`` with two overrides of ``_run_agent_loop``.
+    """:class:`CPUAgentLoopWorkerTQ`: verl's ``AgentLoopWorkerTQ`` with ``_run_agent_loop`` overridden:
 
     * it tells the rollout server which session is calling (``uid``, ``session_id``) and when a session
       ends, so the server batches by session, not by timing;
