@@ -1,6 +1,7 @@
 """Benchmark (not a test): one CPU-backend training step, split into its parts.
 
     python run_scripts/bench_cpu_step.py [--steps 8] [--warmup 2] [--method rollout_gdro] [hydra overrides...]
+    python run_scripts/bench_cpu_step.py --compare [--rounds 2] ...   # verl's per-session path vs the backend's
 
 Trains the shipped tiny base (recipe/gdro/cpu/base) on arithmetic data made on the fly
 (``python -m data_prep.arith``) through ``gdro.backend=cpu`` -- verl's real v1 loop -- at 64 prompts x 4
@@ -14,11 +15,19 @@ rollouts, and prints the mean per-step wall time after ``--warmup`` steps, split
 * GDRO: the recipe's driver work (``gdro/recipe/driver_ms``);
 * verl driver: the rest of the step -- replay buffer, ``_balance_batch``, TransferQueue gets/puts,
   advantage, metrics.
+
+``--compare`` runs, in one process and alternating ``--rounds`` times, the same training twice: as
+before the speed-ups (verl's per-session agent-loop path unchanged -- ``CPUAgentLoopManager(
+reuse_agent_loops=False, inline_executor=False)``: a new ``SingleTurnAgentLoop`` a session, thread-pool
+hops -- and no ``gc.freeze``) and with the backend's defaults. It prints the two splits side by side,
+their ratios, the load average after each run (the machine is shared: compare ratios) and whether
+every run ended with the same weights (the speed-ups must not change a rollout).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -123,9 +132,19 @@ class StepTimer:
         self.bench_rows = getattr(self, "bench_rows", []) + [row]
 
 
-def report(rows: list[dict], warmup: int) -> str:
+def weights_digest(model) -> str:
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def split(rows: list[dict], warmup: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(named parts in s/step, the means) over the steps after ``warmup``."""
     rows = rows[warmup:] or rows
     mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    mean["measured_steps"] = len(rows)
     agent = mean["agent_loop_total"] - mean["generation"] - mean["reward"]
     parts = {
         "generation": mean["generation"],
@@ -137,12 +156,42 @@ def report(rows: list[dict], warmup: int) -> str:
         "GDRO (recipe driver)": mean["gdro"],
     }
     parts["verl driver (TQ, replay buffer, balance, advantage, metrics)"] = mean["step"] - sum(parts.values())
-    lines = [f"steps measured: {len(rows)} (after {warmup} warm-up); generated tokens/step: {mean['tokens']:.0f}"]
+    parts["step total"] = mean["step"]
+    return parts, mean
+
+
+def report(rows: list[dict], warmup: int) -> str:
+    parts, mean = split(rows, warmup)
+    step = parts["step total"]
+    lines = [
+        f"steps measured: {mean['measured_steps']} (after {warmup} warm-up); "
+        f"generated tokens/step: {mean['tokens']:.0f}"
+    ]
     for name, value in parts.items():
-        lines.append(f"  {name:<62s} {value:7.3f} s  {100 * value / mean['step']:5.1f}%")
-    lines.append(f"  {'step total':<62s} {mean['step']:7.3f} s")
+        share = "" if name == "step total" else f"  {100 * value / step:5.1f}%"
+        lines.append(f"  {name:<62s} {value:7.3f} s{share}")
     model = parts["generation"] + parts["log-prob (old/ref)"] + parts["update (ppo_update)"]
-    lines.append(f"  model work (generation + log-prob + update): {model:.3f} s; the rest {mean['step'] - model:.3f} s")
+    lines.append(f"  model work (generation + log-prob + update): {model:.3f} s; the rest {step - model:.3f} s")
+    return "\n".join(lines)
+
+
+def compare_report(results: dict[str, list[tuple[dict, tuple]]]) -> str:
+    """Side by side: mean over rounds of each variant's parts, and the ratio before / after."""
+    names = list(results)
+    means = {}
+    for name, runs in results.items():
+        keys = runs[0][0].keys()
+        means[name] = {k: sum(r[0][k] for r in runs) / len(runs) for k in keys}
+    a, b = names
+    lines = [f"  {'part (s / step)':<62s} {a:>8s} {b:>8s}  ratio"]
+    for k in means[a]:
+        va, vb = means[a][k], means[b][k]
+        ratio = f"{va / vb:6.1f}x" if vb > 1e-3 else "     -"
+        lines.append(f"  {k:<62s} {va:8.3f} {vb:8.3f} {ratio}")
+    for name, runs in results.items():
+        loads = ", ".join(f"{load[0]:.1f}" for _, load in runs)
+        steps = ", ".join(f"{r['step total']:.2f}" for r, _ in runs)
+        lines.append(f"  {name}: step s per round {steps}; 1-min load average at the end of each run {loads}")
     return "\n".join(lines)
 
 
@@ -152,6 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--method", choices=sorted(METHODS), default="rollout_gdro")
     p.add_argument("--data-dir", default=None, help="folder for the arithmetic parquet files (default: a temp dir)")
+    p.add_argument("--compare", action="store_true", help="before vs after the speed-ups (module docstring)")
+    p.add_argument("--rounds", type=int, default=1, help="with --compare: alternations of the two runs")
     args, overrides = p.parse_known_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_cpu_"))
     data_dir = Path(args.data_dir) if args.data_dir else work / "data"
@@ -162,14 +213,35 @@ def main(argv=None) -> int:
     from recipe.gdro.startup.checks import prepare
     from recipe.gdro.startup.cli import compose_config
 
-    config = compose_config(
-        [*tiny_overrides(train, val, work / "run", steps=args.steps), *METHODS[args.method], *overrides]
-    )
-    prepare(prepare_cpu_config(config))
-    trainer = run_cpu(config, trainer_mixins=(StepTimer,))
-    load = os.getloadavg()
-    print(f"\nCPU backend step ({args.method}, 64 prompts x 4 rollouts), load average {load[0]:.1f} / {load[1]:.1f}:")
-    print(report(trainer.bench_rows, args.warmup))
+    def run(options: dict, tag: str):  # options: run_cpu's keyword arguments
+        config = compose_config(
+            [*tiny_overrides(train, val, work / tag, steps=args.steps), *METHODS[args.method], *overrides]
+        )
+        prepare(prepare_cpu_config(config))
+        trainer = run_cpu(config, trainer_mixins=(StepTimer,), **options)
+        return trainer.bench_rows, os.getloadavg(), weights_digest(trainer.actor_rollout_wg.model)
+
+    header = f"CPU backend step ({args.method}, 64 prompts x 4 rollouts)"
+    if not args.compare:
+        rows, load, _ = run({}, "run")
+        print(f"\n{header}, load average {load[0]:.1f} / {load[1]:.1f}:")
+        print(report(rows, args.warmup))
+        return 0
+    before = {"agent_loop_options": {"reuse_agent_loops": False, "inline_executor": False}, "freeze_gc": False}
+    variants = {"before": before, "after": {}}
+    results: dict[str, list] = {name: [] for name in variants}
+    digests = set()
+    for r in range(args.rounds):
+        for name, options in variants.items():
+            rows, load, digest = run(options, f"{name}{r}")
+            results[name].append((split(rows, args.warmup)[0], load))
+            digests.add(digest)
+            print(f"\n{header}, {name} (round {r + 1}), load average {load[0]:.1f} / {load[1]:.1f}:")
+            print(report(rows, args.warmup))
+    print(f"\n{header}: before vs after the speed-ups, mean of {args.rounds} round(s):")
+    print(compare_report(results))
+    same = "identical" if len(digests) == 1 else "DIFFERENT"
+    print(f"  final weights of all {2 * args.rounds} runs: {same} (sha256 {', '.join(sorted(digests))})")
     return 0
 
 

@@ -11,16 +11,19 @@ after every step. Checked:
 (iii) Prompt-GDRO's multipliers reach the loss: the backend's update equals ``ppo_update`` on verl's
       GRPO advantages pre-multiplied by the controller's multipliers, and differs from it without;
 (iv)  saving at step 2 and resuming gives the same weights, optimizer state, RNG and GDRO state at
-      step 3 as the uninterrupted run.
+      step 3 as the uninterrupted run;
+(v)   two runs of one seed are equal even when half the sessions reach the rollout server late.
 
-(ii)-(iv) use an untrained tiny LM and a reward on the sampled text's length parity
+(ii)-(v) use an untrained tiny LM and a reward on the sampled text's length parity
 (tests/recipe_helpers/cpu_reward.py), since an untrained model never writes an answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import pickle
+import random
 import sys
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -39,6 +42,7 @@ from recipe_helpers import standins as S  # noqa: E402
 
 from recipe.gdro.cpu import policy, tinylm  # noqa: E402
 from recipe.gdro.cpu.backend import CPUTaskRunner, prepare_cpu_config  # noqa: E402
+from recipe.gdro.cpu.rollout import CPURolloutServer  # noqa: E402
 from recipe.gdro.cpu.workers import CHECKPOINT_FILE  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
@@ -429,3 +433,38 @@ def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
     assert abs(gains["direct"] - gains[LEARN_LR]) < 0.12, gains
     # measured: +0.177 at lr 2e-4 against -0.005 at lr 0 (the run is deterministic for its seeds)
     assert gains[LEARN_LR] - gains[0.0] > 0.12, gains
+
+
+# ---------------------------------------------------------------------------------------- reproducibility
+class _JitteredServer(CPURolloutServer):
+    """Half the sessions, drawn afresh in every run (OS entropy), reach the server 0.5 s late: a server
+    that batched whatever had arrived after a pause would sample different batches in the two runs."""
+
+    async def _generate(self, *args, **kwargs):
+        if random.SystemRandom().random() < 0.5:
+            await asyncio.sleep(0.5)
+        return await super()._generate(*args, **kwargs)
+
+
+class _Jittered:
+    rollout_server_cls = _JitteredServer
+
+
+def test_two_runs_of_one_seed_are_equal_whatever_the_session_timing(tq_session, tmp_path_factory, untrained, sum_data):
+    """GRPO, 3 steps, twice in one process (new uids, new timing): identical scores, weights and batches."""
+    results = []
+    for k in range(2):
+        work = tmp_path_factory.mktemp(f"repro{k}")
+        overrides = [
+            *base_overrides(work, untrained, sum_data),
+            f"reward.custom_reward_function.path={REWARD}",
+            "reward.custom_reward_function.name=compute_score",
+        ]
+        trainer, _ = run(overrides, mixins=(_Jittered, Recorder))
+        results.append(trainer)
+    a, b = results
+    assert [r["score"] for r in a.records] == [r["score"] for r in b.records]
+    assert len({s for r in a.records for s in r["score"]}) > 1  # the reward varies, so the scores say something
+    for k, v in a.actor_rollout_wg.model.state_dict().items():
+        assert torch.equal(v, b.actor_rollout_wg.model.state_dict()[k]), f"weights differ at {k}"
+    assert a.cpu_server.stats["batches"] == b.cpu_server.stats["batches"] == 3  # one sampling batch a step

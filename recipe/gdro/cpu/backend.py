@@ -24,6 +24,7 @@ order. With a fixed seed a run is then reproducible, and a resumed run equals th
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import logging
 import os
@@ -56,6 +57,8 @@ def _trajectory_order(key: str, positions: dict[str, int]) -> tuple:
 class CPUBackendMixin:
     """Replaces ``PPOTrainer._setup``'s GPU parts with the CPU stand-ins (module docstring)."""
 
+    rollout_server_cls = CPURolloutServer
+
     def _setup(self):
         from recipe.gdro.cpu import tinylm
 
@@ -65,7 +68,7 @@ class CPUBackendMixin:
         torch.manual_seed(int(self.config.actor_rollout_ref.rollout.get("seed", 0)))
         rollout_cfg = self.config.actor_rollout_ref.rollout
         model = tinylm.load_model(str(self.config.actor_rollout_ref.model.path), "cpu")
-        self.cpu_server = CPURolloutServer(
+        self.cpu_server = self.rollout_server_cls(
             copy.deepcopy(model),
             response_length=int(rollout_cfg.response_length),
             eos_token_id=int(self.tokenizer.eos_token_id),
@@ -108,8 +111,12 @@ def cpu_trainer_cls(base):
 class CPUTaskRunner:
     """``GDROTaskRunner`` for the CPU backend: trainer, in-process agent loop manager, ``fit``."""
 
-    def __init__(self, trainer_mixins: tuple = (), own_transfer_queue: bool = True):
+    def __init__(
+        self, trainer_mixins: tuple = (), own_transfer_queue: bool = True, agent_loop_options=None, freeze_gc=True
+    ):
         self.trainer_mixins = tuple(trainer_mixins)  # e.g. the benchmark's timers
+        self.agent_loop_options = dict(agent_loop_options or {})  # CPUAgentLoopManager's keyword arguments
+        self.freeze_gc = freeze_gc
         self.own_transfer_queue = own_transfer_queue  # False: the caller has called tq.init (tests)
         self.config = None
         self.trainer = None
@@ -132,12 +139,18 @@ class CPUTaskRunner:
                 cls = type(cls.__name__, (*self.trainer_mixins, cls), {})
             self.trainer = cls(config=config)
             self.trainer.init()
-            self.agent_loop_manager = CPUAgentLoopManager(config, self.trainer.cpu_server)
+            self.agent_loop_manager = CPUAgentLoopManager(config, self.trainer.cpu_server, **self.agent_loop_options)
+            # Python's full collections traverse every object the imports and setup made (torch,
+            # transformers, verl: ~0.25 s each, several a step); freezing them leaves only the step's own.
+            if self.freeze_gc:
+                gc.collect()
+                gc.freeze()
             start = time.perf_counter()
             self.trainer.fit(self.agent_loop_manager)
             succeeded = True
             self.write_stats(time.perf_counter() - start)
         finally:
+            gc.unfreeze()
             try:
                 tracking = getattr(self.trainer, "logger", None)
                 if tracking is not None:
@@ -177,8 +190,12 @@ def prepare_cpu_config(config: DictConfig) -> DictConfig:
     return config
 
 
-def run_cpu(config: DictConfig, trainer_mixins: tuple = ()):
-    """Start Ray (2 CPUs) and train on the CPU backend in this process; returns the trainer."""
+def run_cpu(
+    config: DictConfig, trainer_mixins: tuple = (), agent_loop_options: dict | None = None, freeze_gc: bool = True
+):
+    """Start Ray (2 CPUs) and train on the CPU backend in this process; returns the trainer.
+    ``agent_loop_options`` (keyword arguments of :class:`CPUAgentLoopManager`) and ``freeze_gc`` exist for
+    the benchmark's baseline."""
     import ray
 
     prepare_cpu_config(config)
@@ -190,7 +207,7 @@ def run_cpu(config: DictConfig, trainer_mixins: tuple = ()):
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
         started = True
     try:
-        return CPUTaskRunner(trainer_mixins).run(config)
+        return CPUTaskRunner(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc).run(config)
     finally:
         if started:
             ray.shutdown()

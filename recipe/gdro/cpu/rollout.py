@@ -19,21 +19,32 @@ Replaced (verl has no CPU rollout engine):
   ``_acquire_server`` / ``_release_server``, so verl's ``generate`` (version tags) runs as is.
 
 Batching and determinism: the sessions of a batch reach the server concurrently; the server
-collects every request of the dispatched batch (the manager tells it how many to expect), orders
-them canonically -- (position of the prompt in the dispatched batch, session id), read from the
-``_run_agent_loop`` task that issued the request -- and samples them in one batched call with one
-``torch.Generator``. A run is therefore a function of its seed, whatever order the event loop
-happens to run the sessions in; that is what makes resume bit-exact.
+collects every request of the dispatched batch (the manager tells it how many sessions to expect;
+a session that ends without generating is reported by :class:`CPUAgentLoopWorkerTQ`), orders them
+canonically -- (position of the prompt in the dispatched batch, session id) -- and samples them in
+one batched call with one ``torch.Generator``. Which requests share a batch never depends on timing,
+so a run is a function of its seed, whatever order the event loop runs the sessions in; that is what
+makes resume bit-exact and two runs of one seed equal.
+
+Speed (verl's code paths, run cheaper; docs/cpu_backend.md has the measurements):
+:class:`CPUAgentLoopWorkerTQ` (a subclass of verl's ``AgentLoopWorkerTQ``) builds verl's
+``SingleTurnAgentLoop`` once and reuses it for every session (verl instantiates one per session
+through ``hydra.utils.instantiate``; the single-turn loop keeps no per-session state), and the
+manager's event loop runs ``run_in_executor`` calls (verl's chat-template and reward-scoring hops)
+inline instead of in a thread pool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -52,22 +63,97 @@ def agent_loop_worker_tq_class():
     return meta.modified_class.__mro__[1]
 
 
-def _session_identity() -> tuple[str, int] | None:
-    """(uid, session_id) of the verl agent-loop session whose task is running now.
+# (uid, session id) of the verl agent-loop session running in the current task (set by CPUAgentLoopWorkerTQ)
+_SESSION: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("cpu_agent_session", default=None)
 
-    verl's ``AgentLoopWorkerTQ._run_prompt`` starts each session as a task running
-    ``_run_agent_loop(..., session_id=i, **prompt)``; this reads those keyword arguments from the
-    task's coroutine. None when the caller is not such a task.
+SINGLE_TURN_TARGET = "verl.experimental.agent_loop.single_turn_agent_loop.SingleTurnAgentLoop"
+
+
+@functools.cache
+def cpu_agent_loop_worker_class():
+    """:class:`CPUAgentLoopWorkerTQ`: verl's ``AgentLoopWorkerTQ`` with ``_run_agent_loop`` overridden:
+
+    * it tells the rollout server which session is calling (``uid``, ``session_id``) and when a session
+      ends, so the server batches by session, not by timing;
+    * with ``reuse_agent_loops`` on, a registered agent loop whose class is verl's ``SingleTurnAgentLoop``
+      (registry entry ``{"_target_": ...}`` only) is instantiated once per worker -- with the arguments
+      verl's ``_run_agent_loop`` passes -- and reused: its ``run`` keeps every session's state in locals.
+      Any other agent loop goes through verl's ``_run_agent_loop`` unchanged (one instance a session).
     """
-    task = asyncio.current_task()
-    coro = task.get_coro() if task is not None else None
-    frame = getattr(coro, "cr_frame", None)
-    if frame is None:
-        return None
-    kwargs = frame.f_locals.get("kwargs")
-    if not isinstance(kwargs, dict) or "session_id" not in kwargs or "uid" not in kwargs:
-        return None
-    return str(kwargs["uid"]), int(kwargs["session_id"])
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.rollout_trace import rollout_trace_attr
+
+    class CPUAgentLoopWorkerTQ(agent_loop_worker_tq_class()):
+        reuse_agent_loops = True
+        session_listener: Callable[[str, int], None] | None = None  # called when a session ends
+
+        def _reusable_agent_loop(self, agent_name: str):
+            cache = self.__dict__.setdefault("_agent_loops", {})
+            if agent_name not in cache:
+                entry = _agent_loop_registry.get(agent_name)
+                reusable = entry is not None and dict(entry) == {"_target_": SINGLE_TURN_TARGET}
+                cache[agent_name] = (
+                    hydra.utils.instantiate(
+                        config=entry,
+                        trainer_config=DictConfigWrap(config=self.config),
+                        server_manager=self.llm_client,
+                        tokenizer=self.tokenizer,
+                        processor=self.processor,
+                        hf_model_type=self.hf_model_type,
+                        dataset_cls=self.dataset_cls,
+                        data_config=DictConfigWrap(self.config.data),
+                        tools=ToolListWrap(self.tools),
+                    )
+                    if reusable
+                    else None
+                )
+            return cache[agent_name]
+
+        async def _run_agent_loop(self, sampling_params, trajectory, *, agent_name, trace=True, **kwargs):
+            ident = (str(kwargs.get("uid")), int(kwargs.get("session_id", 0)))
+            token = _SESSION.set(ident)
+            try:
+                agent_loop = self._reusable_agent_loop(agent_name) if self.reuse_agent_loops else None
+                if agent_loop is None:
+                    return await super()._run_agent_loop(
+                        sampling_params, trajectory, agent_name=agent_name, trace=trace, **kwargs
+                    )
+                with rollout_trace_attr(
+                    step=trajectory["step"],
+                    sample_index=trajectory["sample_index"],
+                    rollout_n=trajectory["rollout_n"],
+                    validate=trajectory["validate"],
+                    name="agent_loop",
+                    trace=trace,
+                ):
+                    output = await agent_loop.run(sampling_params, **kwargs)
+                    return await self._agent_loop_postprocess(output, trajectory["validate"], **kwargs)
+            finally:
+                _SESSION.reset(token)
+                if self.session_listener is not None:
+                    self.session_listener(*ident)
+
+    return CPUAgentLoopWorkerTQ
+
+
+class _InlineExecutor(ThreadPoolExecutor):
+    """An event loop's default executor that runs each call at once in the calling thread.
+
+    verl's agent loop sends the chat template and the reward manager its decode and scoring through
+    ``loop.run_in_executor(None, ...)``; on a 2-core machine the thread-pool hop costs more than the
+    call (asyncio requires a ``ThreadPoolExecutor`` as the default executor, hence the base class)."""
+
+    def __init__(self):
+        super().__init__(max_workers=1)
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - delivered to the awaiting coroutine
+            future.set_exception(e)
+        return future
 
 
 class _Request:
@@ -105,7 +191,7 @@ class CPURolloutServer:
         eos_token_id: int,
         pad_token_id: int,
         seed: int = 0,
-        idle_flush_s: float = 0.2,
+        stall_flush_s: float = 30.0,
     ):
         self.model = model.eval()
         self.response_length = int(response_length)
@@ -113,10 +199,11 @@ class CPURolloutServer:
         self.pad_token_id = int(pad_token_id)
         self.generator = torch.Generator().manual_seed(int(seed))
         self.version = 0  # weight version (global step of the actor weights loaded)
-        self.idle_flush_s = idle_flush_s
+        self.stall_flush_s = stall_flush_s
         self.generate = _RemoteMethod(self._generate)
         self._pending: list[_Request] = []
-        self._expected = 0
+        self._expected = 0  # sessions of the dispatched batches that have neither requested nor ended
+        self._requested: set[tuple[str, int]] = set()  # sessions whose request arrived (this batch)
         self._positions: dict[str, int] = {}
         self._arrival = 0
         self._flusher: asyncio.Task | None = None
@@ -137,18 +224,28 @@ class CPURolloutServer:
         self._positions.update(positions)
         self._expected += int(count)
 
+    def session_ended(self, uid: str, session_id: int) -> None:
+        """A session of the batch ended; one that never requested no longer counts as expected."""
+        if (uid, session_id) in self._requested:
+            self._requested.discard((uid, session_id))
+            return
+        self._expected = max(0, self._expected - 1)
+        if self._pending and len(self._pending) >= self._expected:
+            self._flush()
+
     async def _generate(self, request_id=None, *, prompt_ids, sampling_params, **kwargs):
         from verl.workers.rollout.replica import TokenOutput
 
         if kwargs.get("image_data") or kwargs.get("video_data") or kwargs.get("audio_data"):
             raise ValueError("the CPU rollout server generates text only")
         loop = asyncio.get_running_loop()
-        ident = _session_identity()
+        ident = _SESSION.get()
         if ident is None:
             order = (1 << 30, 0, self._arrival)
         else:
             order = (self._positions.get(ident[0], 1 << 29), ident[1], self._arrival)
             self.requests_by_uid[ident[0]] += 1
+            self._requested.add(ident)
         self._arrival += 1
         req = _Request(list(map(int, prompt_ids)), dict(sampling_params), loop.create_future(), order)
         self._pending.append(req)
@@ -156,7 +253,7 @@ class CPURolloutServer:
         if len(self._pending) >= self._expected:
             self._flush()
         elif self._flusher is None or self._flusher.done():
-            self._flusher = loop.create_task(self._flush_when_idle())
+            self._flusher = loop.create_task(self._flush_when_stalled())
         tokens, log_probs, version = await req.future
         return TokenOutput(
             token_ids=tokens,
@@ -166,17 +263,26 @@ class CPURolloutServer:
             extra_fields={"global_steps": version},
         )
 
-    async def _flush_when_idle(self):
-        """Fallback when fewer requests arrive than expected (a session failed before generating)."""
+    async def _flush_when_stalled(self):
+        """Guard only (a run never needs it): an agent loop that requests more or less than once a
+        session would otherwise wait forever. Flushing on a timer makes batching timing-dependent."""
         while self._pending:
-            await asyncio.sleep(self.idle_flush_s)
-            if self._pending and time.perf_counter() - self._last_arrival >= self.idle_flush_s:
-                logger.warning("CPU rollout: %d of %d expected requests arrived", len(self._pending), self._expected)
+            await asyncio.sleep(self.stall_flush_s / 4)
+            if self._pending and time.perf_counter() - self._last_arrival >= self.stall_flush_s:
+                logger.warning(
+                    "CPU rollout: %d requests waited %.0f s for %d more sessions; sampling them now",
+                    len(self._pending),
+                    self.stall_flush_s,
+                    self._expected - len(self._pending),
+                )
                 self._flush()
 
     def _flush(self) -> None:
         requests = sorted(self._pending, key=lambda r: r.order)
         self._pending = []
+        flusher = self._flusher
+        if flusher is not None and not flusher.done() and flusher is not asyncio.current_task():
+            flusher.cancel()
         self._expected = max(0, self._expected - len(requests))
         groups: dict[tuple, list[_Request]] = {}
         for r in requests:
@@ -278,12 +384,19 @@ class CPUAgentLoopManager:
     ``generate_sequences`` tells the server how many sessions the batch holds, dispatches the batch
     to verl's worker and returns when every session has been written to TransferQueue (the real
     manager returns at once and the replay buffer polls; waiting keeps the sync loop free of sleeps).
+    ``reuse_agent_loops`` / ``inline_executor`` off give verl's per-session path exactly (one agent-loop
+    object a session, a thread-pool hop per ``run_in_executor``): the benchmark's baseline.
     """
 
-    def __init__(self, config, server: CPURolloutServer):
+    def __init__(
+        self, config, server: CPURolloutServer, *, reuse_agent_loops: bool = True, inline_executor: bool = True
+    ):
         self.config = config
         self.server = server
+        self.reuse_agent_loops = reuse_agent_loops
         self.loop = asyncio.new_event_loop()
+        if inline_executor:
+            self.loop.set_default_executor(_InlineExecutor())
         self.thread = threading.Thread(target=self.loop.run_forever, name="cpu-agent-loop", daemon=True)
         self.thread.start()
         self.positions: dict[str, int] = {}  # uid -> position in its dispatched batch (canonical order)
@@ -301,9 +414,11 @@ class CPUAgentLoopManager:
         torch.set_num_threads(self.num_threads)
         reward_worker = RewardLoopWorker(self.config, reward_router_address=None)
         client = CPULLMServerClient(self.config, self.server)
-        cls = agent_loop_worker_tq_class()
         self.reward = _RewardHandle(reward_worker)
-        return cls(self.config, client, None, [self.reward])
+        worker = cpu_agent_loop_worker_class()(self.config, client, None, [self.reward])
+        worker.reuse_agent_loops = self.reuse_agent_loops
+        worker.session_listener = self.server.session_ended
+        return worker
 
     def generate_sequences(self, batch: TensorDict) -> None:
         validate = bool(batch["validate"]) if "validate" in batch.keys() else False
