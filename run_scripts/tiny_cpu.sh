@@ -51,11 +51,12 @@ exec "$PY" -m recipe.gdro.main_gdro \
   actor_rollout_ref.rollout.temperature=1.0 \
   actor_rollout_ref.rollout.seed=0 \
   actor_rollout_ref.rollout.val_kwargs.n=1 \
-  actor_rollout_ref.rollout.val_kwargs.temperature=0 \
+  actor_rollout_ref.rollout.val_kwargs.temperature=1.0 \
+  actor_rollout_ref.rollout.val_kwargs.do_sample=true \
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=256 \
   actor_rollout_ref.actor.ppo_mini_batch_size=64 \
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128 \
-  actor_rollout_ref.actor.optim.lr=2e-4 \
+  actor_rollout_ref.actor.optim.lr=1e-4 \
   actor_rollout_ref.actor.use_kl_loss=false \
   actor_rollout_ref.actor.entropy_coeff=0 \
   algorithm.use_kl_in_reward=false \

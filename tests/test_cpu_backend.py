@@ -396,7 +396,7 @@ def frontier_prompts(base: Path, count: int, tries: int = 8) -> list[dict]:
     return picked
 
 
-LEARN_LR = 2e-4  # at 1e-3 (two optimizer steps a training step) the policy moved ~0.1 KL a step and collapsed
+LEARN_LR = 1e-4  # one optimizer step a training step; on the shipped base 2e-4 and 4e-4 are unstable (docs/tiny_lm.md)
 
 
 def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
@@ -431,8 +431,10 @@ def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
     gains["direct"] = float(acc[-6:].mean() - acc[:6].mean())
     print("training accuracy gain (last 6 - first 6 steps):", gains)
     assert abs(gains["direct"] - gains[LEARN_LR]) < 0.12, gains
-    # measured: +0.177 at lr 2e-4 against -0.005 at lr 0 (the run is deterministic for its seeds)
-    assert gains[LEARN_LR] - gains[0.0] > 0.12, gains
+    # measured on the shipped base: +0.083 (backend) and +0.107 (direct) at lr 1e-4 against -0.034 at
+    # lr 0; each margin is ~2.5 SE of the noise of a gain (the runs are deterministic for their seeds)
+    assert gains[LEARN_LR] - gains[0.0] > 0.08, gains
+    assert gains["direct"] - gains[0.0] > 0.08, gains
 
 
 # ---------------------------------------------------------------------------------------- reproducibility
