@@ -58,15 +58,21 @@ def test_readme_links_to_docs_that_exist():
 
 
 def test_readme_results_tables_are_the_ones_commands_write():
-    """The README's one table is the config reference; the simulator's tables have one home,
-    docs/simulator.md, where the headline table is sim_sweep's headline.md."""
+    """The README's tables are the config reference and the tiny-LM study's primary family, as
+    ``recipe.gdro.cpu.study primary`` writes it (its columns, its declared comparisons in order); the
+    simulator's tables have one home, docs/simulator.md, where the headline table is sim_sweep's."""
+    from recipe.gdro.cpu.study import PRIMARY_COLUMNS, primary_comparisons
+    from recipe.gdro.results.table import markdown_row
     from recipe.gdro.sim.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     headers = {
         ln for ln, nxt in zip(lines, lines[1:] + [""], strict=True) if ln.startswith("| ") and nxt.startswith("|---")
     }
-    assert headers == {"| key | default | meaning |"}, headers
+    assert headers == {"| key | default | meaning |", markdown_row(PRIMARY_COLUMNS)}, headers
+    start = lines.index(markdown_row(PRIMARY_COLUMNS)) + 2
+    names = [ln.split("|")[1].strip() for ln in lines[start:] if ln.startswith("| ")][: len(primary_comparisons())]
+    assert names == [c.name for c in primary_comparisons()]
     sim = (REPO / "docs" / "simulator.md").read_text(encoding="utf-8").splitlines()
     assert COMPARE_HEADER in sim, "docs/simulator.md's headline table is sim_sweep's headline.md"
 

@@ -84,3 +84,15 @@ def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, m
     # a changed setting is a different run: the cache does not answer for it
     monkeypatch.setitem(study.STUDY_SHAPE, "steps", 3)
     assert study.main(["report", "--out", str(out)]) == 2
+
+
+def test_the_direct_loop_names_an_unusable_device(capsys):
+    import torch
+
+    from recipe.gdro.cpu import direct
+
+    assert direct.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        assert direct.main(["--device", "cuda", "--steps", "1"]) == 2
+        assert "--device: device='cuda': CUDA is not available" in capsys.readouterr().err
+    assert direct.main(["--device", "tpu9", "--steps", "1"]) == 2

@@ -64,6 +64,7 @@ class DirectConfig:
     data_seed: int = 0
     seed: int = 0
     eval_samples: int = 1
+    device: str = "cpu"  # "cuda", "cuda:1", or "auto" (CUDA when present); the run cache keys on it
     eval_every: int = 0  # also evaluate every k steps (0: before and after only): the learning curve
     actor: dict = field(
         default_factory=lambda: {
@@ -98,6 +99,16 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r}: CUDA is not available on this machine")
+    return device
+
+
 def _curve_point(result: dict[str, dict[str, Any]]) -> dict[str, float]:
     """One learning-curve point: mean (frequency-weighted) and per-skill pass@1."""
     return {"mean": result["all"]["pass1"], **{k: v["pass1"] for k, v in result.items() if k != "all"}}
@@ -109,8 +120,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         config = DirectConfig(**config)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
-    generator = torch.Generator().manual_seed(config.seed)
-    model = load_model(config.model_path)
+    device = resolve_device(config.device)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    model = load_model(config.model_path).to(device)
     tok = load_tokenizer(config.model_path)
     train = (
         pq.read_table(config.train_file).to_pylist()
@@ -264,6 +276,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval_samples", type=int, default=d.eval_samples)
     p.add_argument("--eval_every", type=int, default=d.eval_every, help="validate every k steps too (0: off)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default=d.device, help="cpu, cuda[:N] or auto (CUDA when present)")
     p.add_argument(
         "--gdro",
         action="append",
@@ -285,6 +298,11 @@ def main(argv=None) -> int:
         print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
         return 2
     try:
+        resolve_device(args.device)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: --device: {e}", file=sys.stderr)
+        return 2
+    try:
         gdro = parse_gdro_overrides(args.gdro)
         gdro_config_from_dict(_merge(method_gdro(args.method, args.n), gdro))
     except ValueError as e:
@@ -303,6 +321,7 @@ def main(argv=None) -> int:
         num_train=args.num_train,
         eval_samples=args.eval_samples,
         eval_every=args.eval_every,
+        device=args.device,
     )
     result = run_direct(config)
     result.pop("model")

@@ -2,8 +2,11 @@
 
 Usage (from the repository root)::
 
-    python -m recipe.gdro.cpu.sft --out recipe/gdro/cpu/base        # the shipped base (seed 0)
+    python -m recipe.gdro.cpu.sft --out /tmp/tiny1                   # stage 1 of the shipped base
+    python -m recipe.gdro.cpu.sft --init /tmp/tiny1 --out /tmp/tiny2 --steps 900 --lr 3e-3
     python -m recipe.gdro.cpu.sft --out /tmp/base --steps 300        # a quick, weaker one
+
+The shipped base (``recipe/gdro/cpu/base``) is four such stages; docs/tiny_lm.md gives all four.
 
 Each step draws ``--batch`` fresh problems: a skill by :data:`SFT_WEIGHTS` (its own mixture,
 not the RL shares), operands uniformly, and rejects every validation-eligible problem

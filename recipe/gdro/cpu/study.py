@@ -66,6 +66,8 @@ STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train":
 # (tuning seeds, never the evaluation seeds), against tuned GRPO on the same seeds. Unadjusted.
 EXPLORE_SEEDS = (100, 101)
 EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rollout_gdro (defaults: budget=rollouts)": ("rollout_gdro", {}),
+    "joint (defaults: budget=rollouts)": ("joint", {}),
     "rollout_gdro, budget=tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}),
     "joint, budget=tokens": ("joint", {"rollout": {"budget": "tokens"}}),
     "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}),
@@ -77,8 +79,12 @@ def run_config(
     method: str, lr: float, seed: int, shape: dict[str, Any] | None = None, gdro: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The full, JSON-able configuration of one run (the run cache's key)."""
-    config = DirectConfig(method=method, lr=float(lr), seed=int(seed), gdro=gdro or {}, **(shape or STUDY_SHAPE))
-    return asdict(config)
+    config = asdict(
+        DirectConfig(method=method, lr=float(lr), seed=int(seed), gdro=gdro or {}, **(shape or STUDY_SHAPE))
+    )
+    if config["device"] == "cpu":  # keyed only off CPU: the cached runs predate the key and are CPU runs
+        del config["device"]
+    return config
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +159,9 @@ def tune(cache: RunCache, jobs: int, log=print) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------ primary
+PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "seeds", "p", "p (Holm)", "verdict")
+
+
 def primary_comparisons() -> list[Comparison]:
     """The declared primary family: 3 GDRO methods x 3 metrics against tuned GRPO."""
     out = []
@@ -224,7 +233,7 @@ def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     lines = [
         f"Primary family (declared; {len(comparisons)} comparisons, Holm at 0.05; "
         f"paired over seeds {list(EVAL_SEEDS)}):",
-        *markdown_table(["comparison", "mean diff vs GRPO", "seeds", "p", "p (Holm)", "verdict"], rows),
+        *markdown_table(PRIMARY_COLUMNS, rows),
         "",
         "Per method, mean over evaluation seeds (exploratory rows: mean at GRPO's tokens, step mass):",
     ]
