@@ -21,7 +21,13 @@ from contextlib import contextmanager
 AUTH_MODE = "RAY_AUTH_MODE"
 # What Ray itself leaves in os.environ: the first local ray.init() with RAY_AUTH_MODE unset sets it
 # to "token" (ray._private.authentication.authentication_token_setup.enable_token_auth_by_default).
-RAY_OWN_CHANGES = {AUTH_MODE: (None, "token")}
+# Importing ray sets RAY_CLIENT_MODE=0, importing verl RAY_ENABLE_UV_RUN_RUNTIME_ENV=0 (verl/__init__.py's
+# setdefault): import-time changes a test that first imports them leaves behind, harmless to ray.init.
+RAY_OWN_CHANGES = {
+    AUTH_MODE: (None, "token"),
+    "RAY_CLIENT_MODE": (None, "0"),
+    "RAY_ENABLE_UV_RUN_RUNTIME_ENV": (None, "0"),
+}
 
 
 def ray_environ() -> dict[str, str]:
