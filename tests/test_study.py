@@ -81,6 +81,13 @@ def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, m
     assert study.main(["explore", "--out", str(out), "--jobs", "1"]) == 0
     assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1
     assert "| tokens |" in (out / "explore.md").read_text()
+    # the long-horizon arm: its own shape, so its own runs
+    monkeypatch.setattr(study, "LONG_SHAPE", {**study.STUDY_SHAPE, "steps": 4, "eval_every": 1})
+    monkeypatch.setattr(study, "LONG_SEEDS", (100,))
+    assert study.main(["long", "--out", str(out), "--jobs", "1"]) == 0
+    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2
+    long = (out / "long.md").read_text()  # below: a header row and 2 method rows
+    assert "| step 0 | step 2 | step 4 | final worst-skill |" in long and long.count("\n| ") == 1 + 2
     # a changed setting is a different run: the cache does not answer for it
     monkeypatch.setitem(study.STUDY_SHAPE, "steps", 3)
     assert study.main(["report", "--out", str(out)]) == 2

@@ -5,6 +5,7 @@ Usage (from the repository root; outputs go under ``--out``, never into the sour
     python -m recipe.gdro.cpu.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
     python -m recipe.gdro.cpu.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
     python -m recipe.gdro.cpu.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
+    python -m recipe.gdro.cpu.study --out ~/gdro_study long      # 1,000-step GRPO vs Rollout-GDRO (exploratory)
     python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the primary tables again, from the cache
 
 Every run is :func:`recipe.gdro.cpu.direct.run_direct` (the CPU backend's sampling, log-prob and
@@ -73,6 +74,13 @@ EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}),
     "rollout_gdro, half_life=2": ("rollout_gdro", {"binner": {"half_life": 2.0}}),
 }
+
+
+# The long-horizon arm (exploratory): the paper's travelling wave needs the core to saturate and
+# the frontier to move, so 1,000 steps (each training prompt seen ~31 times), one tuning seed.
+LONG_SHAPE: dict[str, Any] = {**STUDY_SHAPE, "steps": 1000, "eval_every": 100}
+LONG_METHODS = ("grpo", "rollout_gdro")
+LONG_SEEDS = (100,)
 
 
 def run_config(
@@ -303,11 +311,29 @@ def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     return "\n".join(lines)
 
 
+def long_horizon(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Run the long-horizon arm; return its learning curves (Markdown; exploratory)."""
+    configs = {(m, s): run_config(m, tuned[m], s, shape=LONG_SHAPE) for m in LONG_METHODS for s in LONG_SEEDS}
+    results = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
+    steps = [p["step"] for p in results[(LONG_METHODS[0], LONG_SEEDS[0])]["curve"]][::2]
+    rows = []
+    for m in LONG_METHODS:
+        runs = [results[(m, s)] for s in LONG_SEEDS]
+        means = [np.mean([next(p["mean"] for p in r["curve"] if p["step"] == k) for r in runs]) for k in steps]
+        worst = np.mean(
+            [seed_metrics(r, results[("grpo", s)])["final_worst"] for r, s in zip(runs, LONG_SEEDS, strict=True)]
+        )
+        rows.append([f"{m} (lr {tuned[m]:g})", *(f"{v:.3f}" for v in means), f"{worst:.3f}"])
+    head = ["method", *(f"step {k}" for k in steps), "final worst-skill"]
+    title = f"Long horizon ({LONG_SHAPE['steps']} steps), seeds {list(LONG_SEEDS)}, mean validation accuracy:"
+    return "\n".join([title, *markdown_table(head, rows)])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("stage", choices=("tune", "primary", "explore", "report"))
+    p.add_argument("stage", choices=("tune", "primary", "explore", "long", "report"))
     p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     args = p.parse_args(argv)
@@ -328,6 +354,10 @@ def main(argv=None) -> int:
             report = primary(cache, jobs, tuned)
             print(report)
             (out / "report.md").write_text(report + "\n", encoding="utf-8")
+        if args.stage == "long":
+            report = long_horizon(cache, jobs, tuned)
+            print(report)
+            (out / "long.md").write_text(report + "\n", encoding="utf-8")
         if args.stage == "explore":
             report = explore(cache, jobs, tuned)
             print(report)
