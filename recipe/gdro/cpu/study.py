@@ -102,8 +102,9 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
         "before": result["before"],
         "after": result["after"],
         "curve": result["curve"],
-        "rollouts": int(sum(h["train/rollouts"] for h in history)),
-        "tokens": int(sum(h["train/tokens"] for h in history)),
+        # run_direct's last curve point holds the run's totals
+        "rollouts": int(result["curve"][-1]["rollouts"]),
+        "tokens": int(result["curve"][-1]["tokens"]),
         "adv_token_mass": float(sum(h["train/adv_token_mass"] for h in history)),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
         "train_acc": [h["train/acc"] for h in history],
@@ -283,10 +284,7 @@ def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     for name in ["grpo", *EXPLORE_ARMS]:
         runs = [ref[s] if name == "grpo" else got[(name, s)] for s in EXPLORE_SEEDS]
         per = [seed_metrics(r, ref[s]) for r, s in zip(runs, EXPLORE_SEEDS, strict=True)]
-        diff = [
-            p["final_mean"] - seed_metrics(ref[s], ref[s])["final_mean"]
-            for p, s in zip(per, EXPLORE_SEEDS, strict=True)
-        ]
+        diff = [p["final_mean"] - ref[s]["after"]["all"]["pass1"] for p, s in zip(per, EXPLORE_SEEDS, strict=True)]
         rows.append(
             [
                 name,
