@@ -106,6 +106,7 @@ def _run(ctl, rng_seed, steps, num_prompts, start=0):
         ("sqrt", {}, {}),
         ("bandit", {}, {}),
         ("knapsack", {}, {}),
+        ("discovery", {}, {}),
         ("sqrt", {"lagged": True, "loss_signal": "learnability"}, {"variance_source": "prompt"}),
         ("bandit", {"normalize": "all_responses", "min_group_prompts": 0.0}, {"variance_source": "prompt"}),
     ],

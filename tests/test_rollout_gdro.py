@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from verl_ext import GDROController, RolloutGDRO, RolloutGDROConfig, gdro_config_from_dict, repair_to_budget
 
-ALLOCATORS = ["sqrt", "hedge", "bandit", "knapsack", "uniform"]
+ALLOCATORS = ["sqrt", "hedge", "bandit", "knapsack", "discovery", "uniform"]
 
 
 def _check_allocation(n, batch, cfg):

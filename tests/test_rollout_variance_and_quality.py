@@ -1,6 +1,7 @@
 """Rollout-GDRO per-prompt variance (gdro.rollout.variance_source=prompt) and allocation_quality."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -193,3 +194,85 @@ def test_bandit_dp_picks_the_best_exact_budget_arms(seed):
     )
     chosen = [int(n[groups == b][0]) - 2 for b in range(4)]
     assert n.sum() == 44 and sum(cnt[b] * value[b, a] for b, a in enumerate(chosen)) == pytest.approx(best)
+
+
+# ------------------------------------------------------------------------------------ discovery
+def _beta_moment(a, b, n):
+    """E[p^n] for p ~ Beta(a, b) through the Beta function (independent of the running product)."""
+    return math.exp(math.lgamma(a + n) + math.lgamma(a + b) - math.lgamma(a) - math.lgamma(a + b + n))
+
+
+@pytest.mark.parametrize("k, m", [(0, 0), (0, 12), (3, 4), (1.5, 7.25)])
+def test_informative_probability_is_the_beta_posterior_value(k, m):
+    from verl_ext.rollout_gdro import informative_probability
+
+    got = informative_probability(np.array([k]), np.array([m]), 10)[0]
+    a, b = k + 0.5, m - k + 0.5
+    want = [0.0] + [1 - _beta_moment(a, b, n) - _beta_moment(b, a, n) for n in range(1, 11)]
+    assert got == pytest.approx(want, abs=1e-12)
+    assert got[0] == got[1] == 0.0  # a group of 0 or 1 rollouts can never be informative
+
+
+def test_informative_probability_tends_to_the_known_p_value():
+    from verl_ext.rollout_gdro import informative_probability
+
+    p, m = 0.05, 10**7
+    got = informative_probability(np.array([p * m]), np.array([m]), 16)[0]
+    n = np.arange(17)
+    assert got == pytest.approx(np.maximum(1 - p**n - (1 - p) ** n, 0.0), abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_discovery_allocation_is_the_brute_force_optimum(seed):
+    """``discovery`` maximises Σ_i P(0 < successes_i < n_i) under Σ n_i = B n̄ and the bounds; checked
+    against every allocation of a small batch."""
+    from verl_ext.rollout_gdro import informative_probability
+
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, 20, 4)
+    k = rng.binomial(m, rng.random(4))
+    cfg = RolloutGDROConfig(enable=True, allocator="discovery", n_min=2, n_mean=4, n_max=9)
+    n = RolloutGDRO(cfg, num_groups=1).allocate(np.zeros(4, dtype=np.int64), window_counts=(k, m))
+    table = informative_probability(k, m, 9)
+
+    def value(alloc):
+        return float(sum(table[i, a] for i, a in enumerate(alloc)))
+
+    best = max(value(a) for a in itertools.product(range(2, 10), repeat=4) if sum(a) == 16)
+    assert n.sum() == 16 and n.min() >= 2 and n.max() <= 9
+    assert value(n) == pytest.approx(best, rel=1e-9, abs=1e-12)
+
+
+def test_discovery_gives_rare_successes_the_rollouts_the_sqrt_law_withholds():
+    """A prompt seen 8 times with 1 success (p̂ 0.125) against one at 4 of 8 and a saturated one at 8 of 8:
+    the sqrt law, fed the same per-prompt variances, gives the rare-success prompt fewer rollouts
+    than the 50% one; discovery gives it more. A prompt failed 64 times gets n_min: it lost its claim."""
+    k = np.array([1, 4, 8, 0, 0])
+    m = np.array([8, 8, 8, 64, 0])
+    groups = np.zeros(5, dtype=np.int64)
+    disc = RolloutGDRO(RolloutGDROConfig(enable=True, allocator="discovery", n_max=16), 1)
+    n_disc = disc.allocate(groups, window_counts=(k, m))
+    sqrt = RolloutGDRO(RolloutGDROConfig(enable=True, allocator="sqrt", n_max=16), 1)
+    v = sqrt.prompt_variance_estimate(groups, k, m)
+    n_sqrt = sqrt.allocate(groups, prompt_variance=v)
+    assert n_disc.sum() == n_sqrt.sum() == 20
+    assert n_sqrt[0] < n_sqrt[1]
+    assert n_disc[0] > n_disc[1]
+    assert n_disc[3] == 2 and n_disc[2] == 2
+    assert n_disc[4] > 2  # never seen: its posterior is wide, worth exploring
+
+
+def test_discovery_through_the_controller_rejects_missing_window_counts():
+    cfg = gdro_config_from_dict({"rollout": {"enable": True, "allocator": "discovery", "n_max": 12}})
+    ctl = GDROController(cfg, 300)
+    rng = np.random.default_rng(0)
+    p_true = np.where(np.arange(300) < 100, 0.06, 0.97)  # a rare-success third, a saturated rest
+    for _ in range(30):
+        ids = rng.choice(300, 64, replace=False)
+        n = ctl.schedule(ids)
+        assert n.sum() == 256
+        rp = np.repeat(ids, n)
+        ctl.observe(rp, rng.random(len(rp)) < p_true[rp])
+    assert n[ids < 100].mean() > 4 > n[ids >= 100].mean()
+    with pytest.raises(ValueError, match="discovery needs per-prompt window counts"):
+        ctl.rollout.allocate(np.zeros(3, dtype=np.int64))

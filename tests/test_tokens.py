@@ -25,7 +25,7 @@ def _within_token_budget(n, cost, n_mean) -> bool:
     B=st.integers(1, 60),
     n_mean=st.integers(2, 6),
     extra=st.integers(0, 8),
-    allocator=st.sampled_from(["sqrt", "bandit", "knapsack", "uniform"]),
+    allocator=st.sampled_from(["sqrt", "bandit", "knapsack", "discovery", "uniform"]),
     seed=st.integers(0, 2**31 - 1),
     steps=st.integers(1, 4),
 )
@@ -40,7 +40,9 @@ def test_every_allocator_keeps_both_budgets_exactly(B, n_mean, extra, allocator,
         # lengths correlated with the bin (hard bins longer) plus noise: the constraint often binds
         cost = rng.uniform(50, 4000, 5)[groups] * rng.uniform(0.5, 1.5, B)
         accuracy = rng.uniform(0, 1, B)
-        n = r.allocate(groups, accuracy, prompt_cost=cost)
+        seen = rng.integers(0, 9, B)
+        window = (rng.binomial(seen, accuracy), seen)
+        n = r.allocate(groups, accuracy, prompt_cost=cost, window_counts=window)
         assert n.dtype.kind == "i" and n.sum() == B * n_mean
         assert n.min() >= n_min and n.max() <= n_max
         assert _within_token_budget(n, cost, n_mean), token_excess(n, cost, n_mean)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
-ALLOCATORS = ("sqrt", "hedge", "bandit", "knapsack", "uniform")  # bandit: the earlier name of hedge
+ALLOCATORS = ("sqrt", "hedge", "bandit", "knapsack", "discovery", "uniform")  # bandit: the earlier name of hedge
 UNSEEN_MODES = ("own_bin", "prior")
 COUPLINGS = ("none", "divide_by_allocation")
 NORMALIZE_MODES = ("advantage_mass", "all_responses")
@@ -287,7 +287,8 @@ class RolloutGDROConfig:
                 "``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin full-information Hedge over "
                 "arms with an exact-budget DP; not the paper's EXP3P, see :mod:`verl_ext.rollout_gdro`; "
                 "``bandit`` is its earlier name and runs the same code), ``knapsack`` (Knapsack-RL's value rule),"
-                " ``uniform``."
+                " ``discovery`` (most expected groups with both a success and a failure, under a Beta posterior"
+                " per prompt), ``uniform``."
             )
         },
     )

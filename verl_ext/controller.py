@@ -114,6 +114,7 @@ class GDROController:
                 accuracy,
                 v_prompt if rc.variance_source == "prompt" else None,
                 prompt_cost=cost if rc.budget == "tokens" else None,
+                window_counts=(window_correct, window_rollouts) if rc.allocator == "discovery" else None,
             )
         else:
             counts = np.full(len(ids), rc.n_mean, dtype=np.int64)

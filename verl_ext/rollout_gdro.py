@@ -42,6 +42,18 @@ Allocators (same interface, chosen by ``rollout.allocator``):
   is left out of the budget-pressure mean (no μ step while no bin present has been scored).
 * ``knapsack``: Knapsack-RL's value (1 - p^N - (1 - p)^N) · p (1 - p)² per prompt
   (arXiv 2509.25849), filled greedily by marginal value from n_min.
+* ``discovery``: maximise the expected number of *informative* groups (a group with at least one
+  success and one failure; only those carry a GRPO gradient). For prompt i with window counts
+  k_i correct of m_i and a Jeffreys prior, p_i ~ Beta(k_i + ½, m_i - k_i + ½), and
+
+      value_i(n) = P(0 < successes < n) = 1 - E[p_i^n] - E[(1 - p_i)^n],
+
+  with E[p^n] = Π_{j<n} (a + j) / (a + b + j) for Beta(a, b). Its marginal gain
+  E[p^{n-1}(1-p)] + E[(1-p)^{n-1} p] falls with n, so granting the B (n̄ - n_min) increments of
+  largest gain from n_min (one top-k) is the exact optimum. The ``sqrt`` law gives a rare-success
+  prompt (p ≈ 0.05) few rollouts because p(1 - p) is small, yet more rollouts are what find its
+  first success (HORA, arXiv 2605.07114, makes the same argument); here a prompt that has failed
+  m times has posterior mean ½/(m + 1), so a prompt the model keeps failing loses its claim.
 * ``uniform``: n_i = n̄.
 
 The repair that makes any proposal exact adds the rollouts with the largest marginal variance
@@ -251,6 +263,32 @@ def allocation_quality(counts: Any, prompt_variance: Any, n_mean: int, n_min: in
     }
 
 
+def informative_probability(window_correct: Any, window_rollouts: Any, n_max: int) -> np.ndarray:
+    """P(a group of n rollouts has a success and a failure), n = 0..n_max, per prompt (``discovery``).
+
+    p ~ Beta(k + ½, m - k + ½) from the window counts (k correct of m; floats under ``half_life``);
+    E[p^n] and E[(1-p)^n] by the running products Π_{j<n} (a + j) / (a + b + j). Shape (B, n_max + 1).
+    """
+    k = np.asarray(window_correct, dtype=np.float64)
+    m = np.asarray(window_rollouts, dtype=np.float64)
+    if k.shape != m.shape or np.any(k < 0) or np.any(k > m + 1e-9):
+        raise ValueError("informative_probability: need 0 <= correct <= rollouts, one pair per prompt")
+    a, b = k[:, None] + 0.5, np.maximum(m - k, 0.0)[:, None] + 0.5
+    j = np.arange(n_max, dtype=np.float64)[None, :]
+    ones = np.ones((len(k), 1))
+    moment_p = np.hstack([ones, np.cumprod((a + j) / (a + b + j), axis=1)])
+    moment_q = np.hstack([ones, np.cumprod((b + j) / (a + b + j), axis=1)])
+    value = np.clip(1.0 - moment_p - moment_q, 0.0, 1.0)
+    value[:, :2] = 0.0  # exact: a group of fewer than 2 rollouts is never informative (removes rounding)
+    return value
+
+
+def discovery_gains(window_correct: Any, window_rollouts: Any, n_min: int, n_max: int) -> np.ndarray:
+    """Marginal gains of raising n to n_min+1 .. n_max (shape (B, n_max - n_min); non-increasing rows)."""
+    value = informative_probability(window_correct, window_rollouts, n_max)
+    return np.diff(value[:, n_min:], axis=1)
+
+
 class RolloutGDRO:
     """Shadow-price rollout allocator over ``num_groups`` bins (see the module docstring)."""
 
@@ -389,6 +427,13 @@ class RolloutGDRO:
         base = np.full(len(accuracy), c.n_min, dtype=np.int64)
         return base + _top_k_increments(gains, budget - base.sum())
 
+    def _allocate_discovery(self, window_correct: np.ndarray, window_rollouts: np.ndarray, budget: int) -> np.ndarray:
+        c = self.config
+        gains = discovery_gains(window_correct, window_rollouts, c.n_min, c.n_max)
+        gains = gains - _TIE_BREAK * np.arange(c.n_min + 1, c.n_max + 1)[None, :]  # spread ties
+        base = np.full(len(window_correct), c.n_min, dtype=np.int64)
+        return base + _top_k_increments(gains, budget - base.sum())
+
     # ------------------------------------------------------------------ token budget
     def _token_step(self, n: np.ndarray, v: np.ndarray, cost: np.ndarray) -> np.ndarray:
         """budget=tokens: enforce Σ ĉ n <= n̄ Σ ĉ exactly, then one projected dual-ascent step on ρ.
@@ -417,6 +462,7 @@ class RolloutGDRO:
         accuracy: Any | None = None,
         prompt_variance: Any | None = None,
         prompt_cost: Any | None = None,
+        window_counts: tuple[Any, Any] | None = None,
     ) -> np.ndarray:
         """Rollout counts for the next batch, one per prompt, summing to ``len(groups) · n̄``.
 
@@ -424,7 +470,8 @@ class RolloutGDRO:
         NaN if unseen) is needed by ``knapsack`` only. ``prompt_variance`` (per prompt), if
         given, replaces the bins' v_b in the ``sqrt`` law, the repair and the SE proxy
         (``variance_source=prompt``); the ``hedge`` arms stay per bin. ``prompt_cost`` (per prompt
-        expected response length ĉ) is required by ``budget=tokens``.
+        expected response length ĉ) is required by ``budget=tokens``. ``window_counts`` (per prompt
+        Σ correct, Σ rollouts over its binner window) is needed by ``discovery`` only.
         """
         c = self.config
         g = np.asarray(groups, dtype=np.int64)
@@ -455,6 +502,13 @@ class RolloutGDRO:
             if accuracy is None:
                 raise ValueError("rollout.allocator=knapsack needs per-prompt accuracy")
             n = self._allocate_knapsack(np.asarray(accuracy, dtype=np.float64), budget)
+        elif c.allocator == "discovery":
+            if window_counts is None:
+                raise ValueError("rollout.allocator=discovery needs per-prompt window counts")
+            correct, rollouts = (np.asarray(x, dtype=np.float64) for x in window_counts)
+            if correct.shape != g.shape or rollouts.shape != g.shape:
+                raise ValueError(f"rollout_gdro.allocate: window counts for {len(correct)} of {len(g)} prompts")
+            n = self._allocate_discovery(correct, rollouts, budget)
         else:  # pragma: no cover - the config rejects it
             raise ValueError(c.allocator)
         n = repair_to_budget(n, v, budget, c.n_min, c.n_max)
