@@ -44,6 +44,21 @@ def test_seed_metrics_worst_skill_ignores_what_the_base_cannot_solve_and_tokens_
     assert math.isnan(study.seed_metrics(never, grpo)["log_tokens_to_target"])  # not reached: untestable, not 0
 
 
+def test_the_confirmatory_arm_is_the_largest_tuning_seed_gain_and_the_seeds_are_fresh(monkeypatch):
+    arms = {
+        "a": ("joint", {}, 1.0),
+        "control": ("grpo", {}, 0.0),
+        "b": ("rollout_gdro", {}, 1.0),
+        "c": ("prompt_gdro", {}, 0.5),
+    }
+    monkeypatch.setattr(study, "EXPLORE_ARMS", arms)
+    gains = {"a": [0.01, -0.03], "control": [0.05, 0.05], "b": [0.004, 0.0], "c": [-0.01, 0.012]}
+    assert study.chosen_arm(gains) == "b"  # a GRPO control is never the arm confirmed
+    assert study.chosen_arm({**gains, "a": [0.0, 0.0], "b": [0.0, 0.0], "c": [-0.1, 0.0]}) == "a"  # ties: first
+    used = {*study.TUNING_SEEDS, *study.EVAL_SEEDS, *study.EXPLORE_SEEDS, *study.LONG_SEEDS}
+    assert not used & set(study.CONFIRM_SEEDS) and len(study.CONFIRM_SEEDS) >= 5
+
+
 def test_report_runs_nothing_and_names_the_missing_run(tmp_path, capsys):
     assert study.main(["report", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -77,17 +92,26 @@ def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, m
     assert "0 to run" in capsys.readouterr().out and (out / "report.md").read_text() == first
     # the exploratory arms: GRPO's tuning-seed run is reused, the arm is one new run
     monkeypatch.setattr(study, "EXPLORE_SEEDS", (100,))
-    monkeypatch.setattr(study, "EXPLORE_ARMS", {"tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}})})
+    monkeypatch.setattr(study, "EXPLORE_ARMS", {"tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}, 1.0)})
     assert study.main(["explore", "--out", str(out), "--jobs", "1"]) == 0
     assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1
     assert "| tokens |" in (out / "explore.md").read_text()
-    # the long-horizon arm: its own shape, so its own runs
-    monkeypatch.setattr(study, "LONG_SHAPE", {**study.STUDY_SHAPE, "steps": 4, "eval_every": 1})
-    monkeypatch.setattr(study, "LONG_SEEDS", (100,))
+    # the confirmatory run: the chosen arm and GRPO on fresh seeds, nothing else
+    monkeypatch.setattr(study, "CONFIRM_SEEDS", (5, 6))
+    assert study.main(["confirm", "--out", str(out), "--jobs", "1"]) == 0
+    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2 * 2
+    confirmed = (out / "confirm.md").read_text()
+    assert "'tokens'" in confirmed and "fresh seeds [5, 6]" in confirmed and "| final worst-skill |" in confirmed
+    # the regimes: their own shapes, so their own runs (the small pool's shape differs in num_train)
+    long_shape = {**study.STUDY_SHAPE, "steps": 8, "eval_every": 1}
+    monkeypatch.setattr(study, "REGIMES", {"long": long_shape, "pool": {**study.STUDY_SHAPE, "num_train": 8}})
+    monkeypatch.setattr(study, "LONG_SEEDS", (100, 101))
     assert study.main(["long", "--out", str(out), "--jobs", "1"]) == 0
-    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2
-    long = (out / "long.md").read_text()  # below: a header row and 2 method rows
-    assert "| step 0 | step 2 | step 4 | final worst-skill |" in long and long.count("\n| ") == 1 + 2
+    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2 * 2 + 2 * 2 * 2
+    long = (out / "long.md").read_text()  # per regime: a header row and 2 method rows
+    head = "| step 0 | step 2 | step 4 | step 6 | step 8 | final vs GRPO (95% CI) | final worst-skill |"
+    assert head in long and "long (8 steps, 16 training prompts)" in long and "pool (2 steps, 8" in long
+    assert long.count("\n| ") == 2 * (1 + 2)
     # a changed setting is a different run: the cache does not answer for it
     monkeypatch.setitem(study.STUDY_SHAPE, "steps", 3)
     assert study.main(["report", "--out", str(out)]) == 2

@@ -5,7 +5,8 @@ Usage (from the repository root; outputs go under ``--out``, never into the sour
     python -m recipe.gdro.cpu.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
     python -m recipe.gdro.cpu.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
     python -m recipe.gdro.cpu.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
-    python -m recipe.gdro.cpu.study --out ~/gdro_study long      # 1,000-step GRPO vs Rollout-GDRO (exploratory)
+    python -m recipe.gdro.cpu.study --out ~/gdro_study long      # regimes: 1,000 steps, a 256-prompt pool
+    python -m recipe.gdro.cpu.study --out ~/gdro_study confirm   # the best explore arm vs GRPO, fresh seeds
     python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the primary tables again, from the cache
 
 Every run is :func:`recipe.gdro.cpu.direct.run_direct` (the CPU backend's sampling, log-prob and
@@ -27,6 +28,10 @@ The protocol, fixed here before any evaluation-seed run:
 * **Budgets.** All methods generate the same number of rollouts (refused otherwise); tokens differ
   and are reported, with accuracy also read at GRPO's token total (exploratory), and the step size
   in the loss's units (sum of |A| x tokens) against GRPO's.
+* **Exploration, then confirmation.** Exploratory arms (:data:`EXPLORE_ARMS`) run on tuning seeds
+  only, unadjusted. The confirmatory run takes the GDRO arm with the largest mean gain there
+  (:func:`chosen_arm`) and runs it against tuned GRPO on fresh seeds (:data:`CONFIRM_SEEDS`), its
+  own Holm family of two (final mean and worst-skill accuracy).
 """
 
 from __future__ import annotations
@@ -54,33 +59,63 @@ from recipe.gdro.sim.protocol import (
     paired_t_pvalue,
     value_at_budget,
 )
+from recipe.gdro.sim.simulate import paired_ci
 
-TUNING_SEEDS = (100,)
+TUNING_SEEDS = (100, 101)
 EVAL_SEEDS = (0, 1, 2)
-LR_GRID = (2.5e-5, 5e-5, 1e-4, 2e-4)
+LR_GRID = (6.25e-6, 1.25e-5, 2.5e-5, 5e-5, 1e-4, 2e-4)
 SOLVABLE = 0.1  # a skill counts for worst-skill accuracy if the base's pass@1 is at least this
 # The run shape shared by every run of the study (DirectConfig fields; method, lr, seed vary).
 STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train": 2048, "eval_every": 30}
 
 
-# Exploratory arms (issue 16, item 5; issue 17): each at its method's tuned lr on EXPLORE_SEEDS
-# (tuning seeds, never the evaluation seeds), against tuned GRPO on the same seeds. Unadjusted.
+def paper_exact_settings(method: str) -> dict[str, Any]:
+    """The ``gdro`` section PAPER_EXACT=1 sets for ``method`` (read from the shipped Hydra file)."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[1] / "config" / "paper_exact_settings" / f"on_{method}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path))["gdro"]
+
+
+# Rollout-GDRO's step in the loss's units (Σ|A|·tokens) against GRPO's at one lr (2.5e-5), measured
+# on the tuning seeds by the first exploratory run: the equal-step arms divide their tuned lr by it.
+STEP_MASS = {"rollout_gdro": 1.34, "joint": 1.38}
+
+# Exploratory arms (issue 16, item 5; issue 17): name -> (method, gdro overrides, lr multiplier),
+# each at its method's tuned lr times the multiplier, on EXPLORE_SEEDS (tuning seeds, never the
+# evaluation seeds), against tuned GRPO on the same seeds. Unadjusted.
 EXPLORE_SEEDS = (100, 101)
-EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any]]] = {
-    "rollout_gdro (defaults: budget=rollouts)": ("rollout_gdro", {}),
-    "joint (defaults: budget=rollouts)": ("joint", {}),
-    "rollout_gdro, budget=tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}),
-    "joint, budget=tokens": ("joint", {"rollout": {"budget": "tokens"}}),
-    "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}),
-    "rollout_gdro, half_life=2": ("rollout_gdro", {"binner": {"half_life": 2.0}}),
+EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any], float]] = {
+    "rollout_gdro (defaults: budget=rollouts)": ("rollout_gdro", {}, 1.0),
+    "joint (defaults: budget=rollouts)": ("joint", {}, 1.0),
+    "rollout_gdro, budget=tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}, 1.0),
+    "joint, budget=tokens": ("joint", {"rollout": {"budget": "tokens"}}, 1.0),
+    "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}, 1.0),
+    "rollout_gdro, half_life=2": ("rollout_gdro", {"binner": {"half_life": 2.0}}, 1.0),
+    "rollout_gdro, equal step (lr / 1.34)": ("rollout_gdro", {}, 1.0 / STEP_MASS["rollout_gdro"]),
+    "joint, equal step (lr / 1.38)": ("joint", {}, 1.0 / STEP_MASS["joint"]),
+    "rollout_gdro, allocator=discovery": ("rollout_gdro", {"rollout": {"allocator": "discovery"}}, 1.0),
+    "rollout_gdro, allocator=discovery, n_max=16": (
+        "rollout_gdro",
+        {"rollout": {"allocator": "discovery", "n_max": 16}},
+        1.0,
+    ),
+    "prompt_gdro, PAPER_EXACT=1": ("prompt_gdro", paper_exact_settings("prompt_gdro"), 1.0),
+    "prompt_gdro, normalize=all_responses": ("prompt_gdro", {"prompt": {"normalize": "all_responses"}}, 1.0),
+    "rollout_gdro, PAPER_EXACT=1": ("rollout_gdro", paper_exact_settings("rollout_gdro"), 1.0),
+    # a control, never a candidate for the confirmatory run: what a run that does not learn scores
+    "grpo at lr 0 (control: no learning)": ("grpo", {}, 0.0),
 }
 
 
-# The long-horizon arm (exploratory): the paper's travelling wave needs the core to saturate and
-# the frontier to move, so 1,000 steps (each training prompt seen ~31 times), one tuning seed.
+# Regimes (exploratory, run after the confirmatory run, never candidates for it): the paper's
+# travelling wave needs the core to saturate and the frontier to move, so prompts must be revisited
+# often: 1,000 steps (each training prompt seen ~31 times), or a 256-prompt pool (~37 times in 150).
 LONG_SHAPE: dict[str, Any] = {**STUDY_SHAPE, "steps": 1000, "eval_every": 100}
+SMALL_POOL_SHAPE: dict[str, Any] = {**STUDY_SHAPE, "num_train": 256}
+REGIMES: dict[str, dict[str, Any]] = {"long horizon": LONG_SHAPE, "small pool": SMALL_POOL_SHAPE}
 LONG_METHODS = ("grpo", "rollout_gdro")
-LONG_SEEDS = (100,)
+LONG_SEEDS = (100, 101)
 
 
 def run_config(
@@ -271,67 +306,184 @@ def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     return "\n".join(lines)
 
 
-def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Run the exploratory arms and return their table (Markdown; every row exploratory)."""
+def explore_runs(
+    cache: RunCache, jobs: int, tuned: dict[str, float], log=print
+) -> tuple[dict[int, dict[str, Any]], dict[tuple[str, int], dict[str, Any]]]:
+    """GRPO's run per exploration seed and every arm's run per seed (run if not cached)."""
     grpo = {s: run_config("grpo", tuned["grpo"], s) for s in EXPLORE_SEEDS}
     arms = {
-        (name, s): run_config(m, tuned[m], s, gdro=g) for name, (m, g) in EXPLORE_ARMS.items() for s in EXPLORE_SEEDS
+        (name, s): run_config(m, tuned[m] * scale, s, gdro=g)
+        for name, (m, g, scale) in EXPLORE_ARMS.items()
+        for s in EXPLORE_SEEDS
     }
     done = run_all([*grpo.values(), *arms.values()], cache, jobs, log)
     ref = dict(zip(EXPLORE_SEEDS, done[: len(grpo)], strict=True))
-    got = dict(zip(arms, done[len(grpo) :], strict=True))
+    return ref, dict(zip(arms, done[len(grpo) :], strict=True))
+
+
+def explore_gains(ref: dict[int, dict[str, Any]], got: dict[tuple[str, int], dict[str, Any]]) -> dict[str, list[float]]:
+    """Each arm's final mean accuracy minus GRPO's, per exploration seed."""
+    return {
+        name: [got[(name, s)]["after"]["all"]["pass1"] - ref[s]["after"]["all"]["pass1"] for s in EXPLORE_SEEDS]
+        for name in EXPLORE_ARMS
+    }
+
+
+def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Run the exploratory arms and return their table (Markdown; every row exploratory)."""
+    ref, got = explore_runs(cache, jobs, tuned, log)
+    gains = explore_gains(ref, got)
     rows = []
     for name in ["grpo", *EXPLORE_ARMS]:
         runs = [ref[s] if name == "grpo" else got[(name, s)] for s in EXPLORE_SEEDS]
         per = [seed_metrics(r, ref[s]) for r, s in zip(runs, EXPLORE_SEEDS, strict=True)]
-        diff = [p["final_mean"] - ref[s]["after"]["all"]["pass1"] for p, s in zip(per, EXPLORE_SEEDS, strict=True)]
+        diff = gains.get(name, [0.0] * len(EXPLORE_SEEDS))
+        _, lo, hi, _ = paired_ci(diff, [0.0] * len(diff))
+        lr = tuned["grpo"] if name == "grpo" else tuned[EXPLORE_ARMS[name][0]] * EXPLORE_ARMS[name][2]
         rows.append(
             [
                 name,
+                f"{lr:.3g}",
                 f"{np.mean([p['final_mean'] for p in per]):.3f}",
                 f"{np.mean(diff):+.3f}",
+                "–" if name == "grpo" else f"[{lo:+.3f}, {hi:+.3f}]",
                 f"{np.mean([p['final_worst'] for p in per]):.3f}",
                 f"{np.mean([r['tokens'] for r in runs]) / np.mean([ref[s]['tokens'] for s in EXPLORE_SEEDS]):.3f}",
-                f"{np.nanmean([np.nanmean(r.get('ratio_to_uniform', [np.nan])) for r in runs]):.3f}",
                 f"{np.mean([p['step_mass_ratio'] for p in per]):.2f}",
             ]
         )
     head = [
         "arm (exploratory)",
+        "lr",
         "final mean",
         "vs GRPO",
+        "95% CI",
         "worst-skill",
         "tokens / GRPO's",
-        "tokens / uniform",
         "step mass",
     ]
     lines = [f"Exploratory arms, tuning seeds {list(EXPLORE_SEEDS)}, unadjusted:", *markdown_table(head, rows)]
     return "\n".join(lines)
 
 
-def long_horizon(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Run the long-horizon arm; return its learning curves (Markdown; exploratory)."""
-    configs = {(m, s): run_config(m, tuned[m], s, shape=LONG_SHAPE) for m in LONG_METHODS for s in LONG_SEEDS}
-    results = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
-    steps = [p["step"] for p in results[(LONG_METHODS[0], LONG_SEEDS[0])]["curve"]][::2]
+# ------------------------------------------------------------------------------- confirmatory
+# The confirmatory run (issue 16, item 5): the exploratory arm with the largest mean gain in final
+# mean accuracy over GRPO on the tuning seeds (chosen by this rule, in code, before the run) against
+# tuned GRPO on fresh seeds no stage uses otherwise; its own family of two, Holm-corrected.
+CONFIRM_SEEDS = (3, 4, 5, 6, 7)
+
+
+def confirm_comparisons(method: str) -> list[Comparison]:
+    return [
+        Comparison("final mean", method, "grpo", "final_mean"),
+        Comparison("final worst-skill", method, "grpo", "final_worst"),
+    ]
+
+
+def chosen_arm(gains: dict[str, list[float]]) -> str:
+    """The arm to confirm: the GDRO arm (controls excluded) of largest mean gain (ties: the first declared)."""
+    candidates = [name for name, (method, _, _) in EXPLORE_ARMS.items() if method != "grpo"]
+    return max(candidates, key=lambda name: (float(np.mean(gains[name])), -candidates.index(name)))
+
+
+def confirm(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Pick the arm on the tuning seeds, run it and GRPO on CONFIRM_SEEDS; return the report (Markdown)."""
+    ref, got = explore_runs(cache, jobs, tuned, log)
+    gains = explore_gains(ref, got)
+    name = chosen_arm(gains)
+    method, gdro, scale = EXPLORE_ARMS[name]
+    configs = {
+        s: (run_config("grpo", tuned["grpo"], s), run_config(method, tuned[method] * scale, s, gdro=gdro))
+        for s in CONFIRM_SEEDS
+    }
+    flat = run_all([c for pair in configs.values() for c in pair], cache, jobs, log)
+    runs = {s: (flat[2 * k], flat[2 * k + 1]) for k, s in enumerate(CONFIRM_SEEDS)}
+    for s, (g, a) in runs.items():
+        check_equal_budgets({"grpo": g["rollouts"], name: a["rollouts"]}, "rollouts")
+    per = {s: (seed_metrics(g, g), seed_metrics(a, g)) for s, (g, a) in runs.items()}
+    comparisons = confirm_comparisons(method)
+    diffs = {c.name: [per[s][1][c.metric] - per[s][0][c.metric] for s in CONFIRM_SEEDS] for c in comparisons}
+    adjusted = holm({c.name: paired_t_pvalue(diffs[c.name]) for c in comparisons})
+    rows = []
+    for c in comparisons:
+        mean, lo, hi, n = paired_ci(diffs[c.name], [0.0] * len(CONFIRM_SEEDS))
+        h = adjusted[c.name]
+        verdict = ("arm better" if mean > 0 else "GRPO better") if h.rejected else "not resolved"
+        rows.append(
+            [c.name, f"{mean:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", f"{n}", f"{h.p:.3f}", f"{h.p_adjusted:.3f}", verdict]
+        )
+    grpo_final = np.mean([per[s][0]["final_mean"] for s in CONFIRM_SEEDS])
+    arm_final = np.mean([per[s][1]["final_mean"] for s in CONFIRM_SEEDS])
+    lines = [
+        f"Confirmatory run: {name!r} (chosen on tuning seeds {list(EXPLORE_SEEDS)}: "
+        f"{np.mean(gains[name]):+.3f}) against GRPO on fresh seeds {list(CONFIRM_SEEDS)}; 2 comparisons, Holm at 0.05:",
+        *markdown_table(CONFIRM_COLUMNS, rows),
+        "",
+        f"final mean: GRPO {grpo_final:.3f}, arm {arm_final:.3f}; tokens / GRPO's "
+        f"{np.mean([a['tokens'] / g['tokens'] for g, a in runs.values()]):.3f}; step mass "
+        f"{np.mean([per[s][1]['step_mass_ratio'] for s in CONFIRM_SEEDS]):.2f}",
+    ]
+    if not gdro and scale == 1.0:  # the arm is the primary's configuration: pool its seeds (exploratory)
+        prim = run_all([run_config(m, tuned[m], s) for s in EVAL_SEEDS for m in ("grpo", method)], cache, jobs, log)
+        pairs = [(prim[2 * k], prim[2 * k + 1]) for k in range(len(EVAL_SEEDS))] + list(runs.values())
+        d, lo, hi, n = paired_ci(
+            [a["after"]["all"]["pass1"] for _, a in pairs], [g["after"]["all"]["pass1"] for g, _ in pairs]
+        )
+        lines.append(
+            f"pooled with the primary's seeds {list(EVAL_SEEDS)} (same configurations; exploratory): "
+            f"final mean {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {n} paired seeds"
+        )
+    return "\n".join(lines)
+
+
+CONFIRM_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
+
+
+def regime_table(name: str, shape: dict[str, Any], results: dict, tuned: dict[str, float]) -> list[str]:
+    """One regime's learning curves (mean over LONG_SEEDS) and final gap to GRPO (Markdown lines)."""
+    steps = [p["step"] for p in results[(LONG_METHODS[0], LONG_SEEDS[0])]["curve"]]
+    if len(steps) > 7:  # every other evaluation, and always the last
+        steps = sorted({*steps[::2], steps[-1]})
     rows = []
     for m in LONG_METHODS:
         runs = [results[(m, s)] for s in LONG_SEEDS]
         means = [np.mean([next(p["mean"] for p in r["curve"] if p["step"] == k) for r in runs]) for k in steps]
-        worst = np.mean(
-            [seed_metrics(r, results[("grpo", s)])["final_worst"] for r, s in zip(runs, LONG_SEEDS, strict=True)]
+        per = [seed_metrics(r, results[("grpo", s)]) for r, s in zip(runs, LONG_SEEDS, strict=True)]
+        gap, lo, hi, _ = paired_ci(
+            [p["final_mean"] for p in per], [results[("grpo", s)]["after"]["all"]["pass1"] for s in LONG_SEEDS]
         )
-        rows.append([f"{m} (lr {tuned[m]:g})", *(f"{v:.3f}" for v in means), f"{worst:.3f}"])
-    head = ["method", *(f"step {k}" for k in steps), "final worst-skill"]
-    title = f"Long horizon ({LONG_SHAPE['steps']} steps), seeds {list(LONG_SEEDS)}, mean validation accuracy:"
-    return "\n".join([title, *markdown_table(head, rows)])
+        ci = "–" if m == "grpo" else f"{gap:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+        worst = np.mean([p["final_worst"] for p in per])
+        rows.append([f"{m} (lr {tuned[m]:g})", *(f"{v:.3f}" for v in means), ci, f"{worst:.3f}"])
+    head = ["method", *(f"step {k}" for k in steps), "final vs GRPO (95% CI)", "final worst-skill"]
+    title = (
+        f"{name} ({shape['steps']} steps, {shape['num_train']} training prompts), seeds {list(LONG_SEEDS)}, "
+        "mean validation accuracy:"
+    )
+    return [title, *markdown_table(head, rows)]
+
+
+def long_horizon(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
+    """Run the regimes (long horizon, small pool); return their learning curves (Markdown; exploratory)."""
+    configs = {
+        (name, m, s): run_config(m, tuned[m], s, shape=shape)
+        for name, shape in REGIMES.items()
+        for m in LONG_METHODS
+        for s in LONG_SEEDS
+    }
+    done = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
+    lines: list[str] = []
+    for name, shape in REGIMES.items():
+        results = {(m, s): done[(name, m, s)] for m in LONG_METHODS for s in LONG_SEEDS}
+        lines.extend([*regime_table(name, shape, results, tuned), ""])
+    return "\n".join(lines).rstrip()
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("stage", choices=("tune", "primary", "explore", "long", "report"))
+    p.add_argument("stage", choices=("tune", "primary", "explore", "long", "confirm", "report"))
     p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     args = p.parse_args(argv)
@@ -356,6 +508,10 @@ def main(argv=None) -> int:
             report = long_horizon(cache, jobs, tuned)
             print(report)
             (out / "long.md").write_text(report + "\n", encoding="utf-8")
+        if args.stage == "confirm":
+            report = confirm(cache, jobs, tuned)
+            print(report)
+            (out / "confirm.md").write_text(report + "\n", encoding="utf-8")
         if args.stage == "explore":
             report = explore(cache, jobs, tuned)
             print(report)
