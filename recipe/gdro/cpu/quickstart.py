@@ -171,9 +171,9 @@ def write_report(out: Path, methods: list[str], walls: dict[str, float], steps: 
         "",
         "## What this can and cannot tell",
         "",
-        "lr 1e-4 is within noise of GRPO's tuned lr on the study's tuning seed (docs/tiny_lm.md); at it GRPO "
-        "gains about 2 points of mean accuracy in 100 steps and nothing visible in 25, so 30 steps show the "
-        "machinery and the adversaries at work, not learning.",
+        "lr 1e-4 is 8x the study's tuned GRPO lr (1.25e-5, docs/tiny_lm.md), where GRPO gains about 2 points "
+        "of mean accuracy in 150 steps; 30 steps at any lr show the machinery and the adversaries at work, "
+        "not learning.",
         "",
         "One seed per method, a few dozen steps, a few hundred validation prompts. Differences between the runs "
         "of a few points are within what a different seed moves (sampling at temperature 1, the adversaries' "
