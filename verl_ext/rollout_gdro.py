@@ -283,10 +283,16 @@ def informative_probability(window_correct: Any, window_rollouts: Any, n_max: in
     return value
 
 
-def discovery_gains(window_correct: Any, window_rollouts: Any, n_min: int, n_max: int) -> np.ndarray:
-    """Marginal gains of raising n to n_min+1 .. n_max (shape (B, n_max - n_min); non-increasing rows)."""
-    value = informative_probability(window_correct, window_rollouts, n_max)
-    return np.diff(value[:, n_min:], axis=1)
+def fill_by_marginal_gain(gains: np.ndarray, n_min: int, budget: int) -> np.ndarray:
+    """n_min rollouts each, then the ``budget``'s remaining increments with the largest gains.
+
+    ``gains[i, j]`` is prompt i's gain of going from n_min + j to n_min + j + 1 rollouts; rows must be
+    non-increasing (a concave value), so the top-k is the exact optimum of Σ value_i(n_i). A tiny
+    penalty growing with n prefers spreading rollouts over piling them on one prompt at equal gain.
+    """
+    k = np.arange(n_min + 1, n_min + 1 + gains.shape[1])[None, :]
+    base = np.full(gains.shape[0], n_min, dtype=np.int64)
+    return base + _top_k_increments(gains - _TIE_BREAK * k, budget - base.sum())
 
 
 class RolloutGDRO:
@@ -422,17 +428,13 @@ class RolloutGDRO:
         p = np.where(np.isfinite(accuracy), accuracy, 0.5)[:, None]
         k = np.arange(c.n_min, c.n_max + 1)[None, :].astype(np.float64)
         value = (1.0 - p**k - (1.0 - p) ** k) * p * (1.0 - p) ** 2
-        gains = np.diff(value, axis=1)
-        gains = np.minimum.accumulate(gains, axis=1) - _TIE_BREAK * k[:, 1:]  # concave envelope, spread ties
-        base = np.full(len(accuracy), c.n_min, dtype=np.int64)
-        return base + _top_k_increments(gains, budget - base.sum())
+        gains = np.minimum.accumulate(np.diff(value, axis=1), axis=1)  # concave envelope
+        return fill_by_marginal_gain(gains, c.n_min, budget)
 
     def _allocate_discovery(self, window_correct: np.ndarray, window_rollouts: np.ndarray, budget: int) -> np.ndarray:
         c = self.config
-        gains = discovery_gains(window_correct, window_rollouts, c.n_min, c.n_max)
-        gains = gains - _TIE_BREAK * np.arange(c.n_min + 1, c.n_max + 1)[None, :]  # spread ties
-        base = np.full(len(window_correct), c.n_min, dtype=np.int64)
-        return base + _top_k_increments(gains, budget - base.sum())
+        value = informative_probability(window_correct, window_rollouts, c.n_max)
+        return fill_by_marginal_gain(np.diff(value[:, c.n_min :], axis=1), c.n_min, budget)
 
     # ------------------------------------------------------------------ token budget
     def _token_step(self, n: np.ndarray, v: np.ndarray, cost: np.ndarray) -> np.ndarray:
