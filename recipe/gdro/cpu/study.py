@@ -60,6 +60,7 @@ from recipe.gdro.sim.protocol import (
     value_at_budget,
 )
 from recipe.gdro.sim.simulate import paired_ci
+from verl_ext.atomic import atomic_replace
 
 TUNING_SEEDS = (100, 101)
 EVAL_SEEDS = (0, 1, 2)
@@ -143,7 +144,6 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
         "adv_token_mass": float(sum(h["train/adv_token_mass"] for h in history)),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
         "train_acc": [h["train/acc"] for h in history],
-        "ratio_to_uniform": [h.get("gdro/tokens/ratio_to_uniform", float("nan")) for h in history],
         "seconds": result["train_seconds"],
     }
 
@@ -306,16 +306,18 @@ def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     return "\n".join(lines)
 
 
+def arm_config(name: str, seed: int, tuned: dict[str, float]) -> dict[str, Any]:
+    """The run of exploratory arm ``name`` on ``seed``: its method at the tuned lr times its multiplier."""
+    method, gdro, scale = EXPLORE_ARMS[name]
+    return run_config(method, tuned[method] * scale, seed, gdro=gdro)
+
+
 def explore_runs(
     cache: RunCache, jobs: int, tuned: dict[str, float], log=print
 ) -> tuple[dict[int, dict[str, Any]], dict[tuple[str, int], dict[str, Any]]]:
     """GRPO's run per exploration seed and every arm's run per seed (run if not cached)."""
     grpo = {s: run_config("grpo", tuned["grpo"], s) for s in EXPLORE_SEEDS}
-    arms = {
-        (name, s): run_config(m, tuned[m] * scale, s, gdro=g)
-        for name, (m, g, scale) in EXPLORE_ARMS.items()
-        for s in EXPLORE_SEEDS
-    }
+    arms = {(name, s): arm_config(name, s, tuned) for name in EXPLORE_ARMS for s in EXPLORE_SEEDS}
     done = run_all([*grpo.values(), *arms.values()], cache, jobs, log)
     ref = dict(zip(EXPLORE_SEEDS, done[: len(grpo)], strict=True))
     return ref, dict(zip(arms, done[len(grpo) :], strict=True))
@@ -339,7 +341,7 @@ def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
         per = [seed_metrics(r, ref[s]) for r, s in zip(runs, EXPLORE_SEEDS, strict=True)]
         diff = gains.get(name, [0.0] * len(EXPLORE_SEEDS))
         _, lo, hi, _ = paired_ci(diff, [0.0] * len(diff))
-        lr = tuned["grpo"] if name == "grpo" else tuned[EXPLORE_ARMS[name][0]] * EXPLORE_ARMS[name][2]
+        lr = tuned["grpo"] if name == "grpo" else arm_config(name, EXPLORE_SEEDS[0], tuned)["lr"]
         rows.append(
             [
                 name,
@@ -371,6 +373,7 @@ def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
 # mean accuracy over GRPO on the tuning seeds (chosen by this rule, in code, before the run) against
 # tuned GRPO on fresh seeds no stage uses otherwise; its own family of two, Holm-corrected.
 CONFIRM_SEEDS = (3, 4, 5, 6, 7)
+CONFIRM_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
 
 
 def confirm_comparisons(method: str) -> list[Comparison]:
@@ -391,11 +394,8 @@ def confirm(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
     ref, got = explore_runs(cache, jobs, tuned, log)
     gains = explore_gains(ref, got)
     name = chosen_arm(gains)
-    method, gdro, scale = EXPLORE_ARMS[name]
-    configs = {
-        s: (run_config("grpo", tuned["grpo"], s), run_config(method, tuned[method] * scale, s, gdro=gdro))
-        for s in CONFIRM_SEEDS
-    }
+    method = EXPLORE_ARMS[name][0]
+    configs = {s: (run_config("grpo", tuned["grpo"], s), arm_config(name, s, tuned)) for s in CONFIRM_SEEDS}
     flat = run_all([c for pair in configs.values() for c in pair], cache, jobs, log)
     runs = {s: (flat[2 * k], flat[2 * k + 1]) for k, s in enumerate(CONFIRM_SEEDS)}
     for s, (g, a) in runs.items():
@@ -423,7 +423,8 @@ def confirm(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
         f"{np.mean([a['tokens'] / g['tokens'] for g, a in runs.values()]):.3f}; step mass "
         f"{np.mean([per[s][1]['step_mass_ratio'] for s in CONFIRM_SEEDS]):.2f}",
     ]
-    if not gdro and scale == 1.0:  # the arm is the primary's configuration: pool its seeds (exploratory)
+    if arm_config(name, EVAL_SEEDS[0], tuned) == run_config(method, tuned[method], EVAL_SEEDS[0]):
+        # the arm is the primary's configuration: pool its seeds (exploratory)
         prim = run_all([run_config(m, tuned[m], s) for s in EVAL_SEEDS for m in ("grpo", method)], cache, jobs, log)
         pairs = [(prim[2 * k], prim[2 * k + 1]) for k in range(len(EVAL_SEEDS))] + list(runs.values())
         d, lo, hi, n = paired_ci(
@@ -434,9 +435,6 @@ def confirm(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> s
             f"final mean {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {n} paired seeds"
         )
     return "\n".join(lines)
-
-
-CONFIRM_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
 
 
 def regime_table(name: str, shape: dict[str, Any], results: dict, tuned: dict[str, float]) -> list[str]:
@@ -479,11 +477,27 @@ def long_horizon(cache: RunCache, jobs: int, tuned: dict[str, float], log=print)
     return "\n".join(lines).rstrip()
 
 
+# stage -> (what it runs after tuning, the file its report goes to); ``tune`` runs only the tuning
+STAGES = {
+    "primary": (primary, "report.md"),
+    "report": (primary, "report.md"),  # with jobs=0: from the cache only
+    "explore": (explore, "explore.md"),
+    "confirm": (confirm, "confirm.md"),
+    "long": (long_horizon, "long.md"),
+}
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` atomically: an interrupted stage leaves the old file or the new one."""
+    with atomic_replace(path, "w") as f:
+        f.write(text + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("stage", choices=("tune", "primary", "explore", "long", "confirm", "report"))
+    p.add_argument("stage", choices=("tune", *STAGES))
     p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     args = p.parse_args(argv)
@@ -499,23 +513,12 @@ def main(argv=None) -> int:
     jobs = 0 if args.stage == "report" else args.jobs
     try:
         tuned = tune(cache, jobs)
-        (out / "tuned_lr.json").write_text(json.dumps(tuned, indent=1) + "\n", encoding="utf-8")
-        if args.stage in ("primary", "report"):
-            report = primary(cache, jobs, tuned)
+        _write(out / "tuned_lr.json", json.dumps(tuned, indent=1))
+        if args.stage in STAGES:
+            stage, filename = STAGES[args.stage]
+            report = stage(cache, jobs, tuned)
             print(report)
-            (out / "report.md").write_text(report + "\n", encoding="utf-8")
-        if args.stage == "long":
-            report = long_horizon(cache, jobs, tuned)
-            print(report)
-            (out / "long.md").write_text(report + "\n", encoding="utf-8")
-        if args.stage == "confirm":
-            report = confirm(cache, jobs, tuned)
-            print(report)
-            (out / "confirm.md").write_text(report + "\n", encoding="utf-8")
-        if args.stage == "explore":
-            report = explore(cache, jobs, tuned)
-            print(report)
-            (out / "explore.md").write_text(report + "\n", encoding="utf-8")
+            _write(out / filename, report)
     except MissingRuns as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
