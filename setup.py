@@ -40,7 +40,7 @@ VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
 # method/, protocol/, paper_exact*/) and sim/scenarios/ are package data.
 PACKAGES = find_namespace_packages(
     include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
-    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.cpu.base"],
+    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.tinylm.base"],
 )
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
@@ -64,13 +64,13 @@ setup(
     license="Apache-2.0",
     packages=PACKAGES,
     package_data={
-        # cpu/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
+        # tinylm/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
         "recipe.gdro": [
             "config/*.yaml",
             "config/*/*.yaml",
             "sim/scenarios/*.yaml",
             "sim/scenarios/*.csv",
-            "cpu/base/*",
+            "tinylm/base/*",
         ],
     },
     include_package_data=True,

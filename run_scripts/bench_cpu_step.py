@@ -3,7 +3,7 @@
     python run_scripts/bench_cpu_step.py [--steps 8] [--warmup 2] [--method rollout_gdro] [hydra overrides...]
     python run_scripts/bench_cpu_step.py --compare [--rounds 2] ...   # verl's per-session path vs the backend's
 
-Trains the shipped tiny base (recipe/gdro/cpu/base) on arithmetic data made on the fly
+Trains the shipped tiny base (recipe/gdro/tinylm/base) on arithmetic data made on the fly
 (``python -m data_prep.arith``) through ``gdro.backend=cpu`` -- verl's real v1 loop -- at 64 prompts x 4
 rollouts, and prints the mean per-step wall time after ``--warmup`` steps, split into:
 
@@ -67,7 +67,7 @@ def make_data(folder: Path, num_train: int, num_val: int, seed: int = 0) -> tupl
 
 def tiny_overrides(train: Path, val: Path, out: Path, *, batch: int = 64, n: int = 4, steps: int = 10) -> list[str]:
     """The tiny CPU run's settings (the same as run_scripts/tiny_cpu.sh's, without validation)."""
-    from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR
+    from recipe.gdro.tinylm.model import BASE_MODEL_DIR
 
     return [
         "gdro.backend=cpu",
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     train, val = make_data(data_dir, 2000, 200)
 
-    from recipe.gdro.cpu.backend import prepare_cpu_config, run_cpu
+    from recipe.gdro.backends.cpu import prepare_cpu_config, run_cpu
     from recipe.gdro.startup.checks import prepare
     from recipe.gdro.startup.cli import compose_config
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A short real RL run on CPU: the shipped tiny LM (recipe/gdro/cpu/base) trained on arithmetic
+# A short real RL run on CPU: the shipped tiny LM (recipe/gdro/tinylm/base) trained on arithmetic
 # through verl 0.9.1's v1 loop with the CPU backend (gdro.backend=cpu, docs/cpu_backend.md).
 #
 #   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/tiny_cpu.sh [hydra overrides...]
@@ -32,7 +32,7 @@ esac
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then
   "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0
 fi
-BASE=$("$PY" -c "from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
+BASE=$("$PY" -c "from recipe.gdro.tinylm.model import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
 
 exec "$PY" -m recipe.gdro.main_gdro \
   gdro.backend=cpu \

@@ -1,4 +1,4 @@
-"""Cluster readiness checks that run on CPU (recipe/gdro/startup/cluster.py, recipe/gdro/startup/preflight.py).
+"""Cluster readiness checks that run on CPU (recipe/gdro/startup/cluster.py, recipe/gdro/preflight.py).
 
 flash_attn and vllm are absent on this machine, which is what the attention check and the
 preflight's refusal are tested against. The multi-node code shipping is in test_multinode.py.
@@ -19,7 +19,8 @@ from recipe_helpers import standins as S  # noqa: E402
 from test_recipe_dry_run import paper_overrides  # noqa: E402
 
 from recipe.gdro.main_gdro import cli  # noqa: E402
-from recipe.gdro.startup import cluster, preflight  # noqa: E402
+from recipe.gdro import preflight  # noqa: E402
+from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 

@@ -40,10 +40,10 @@ tq = pytest.importorskip("transfer_queue")
 from omegaconf import OmegaConf  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
 
-from recipe.gdro.cpu import policy, tinylm  # noqa: E402
-from recipe.gdro.cpu.backend import CPUTaskRunner, prepare_cpu_config  # noqa: E402
-from recipe.gdro.cpu.rollout import CPURolloutServer  # noqa: E402
-from recipe.gdro.cpu.workers import CHECKPOINT_FILE  # noqa: E402
+from recipe.gdro.tinylm import model as tinylm, policy  # noqa: E402
+from recipe.gdro.backends.cpu import CPUTaskRunner, prepare_cpu_config  # noqa: E402
+from recipe.gdro.backends.cpu_rollout import CPURolloutServer  # noqa: E402
+from recipe.gdro.backends.cpu_workers import CHECKPOINT_FILE  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -365,7 +365,7 @@ class RewardLog:
 def frontier_prompts(base: Path, count: int, tries: int = 8) -> list[dict]:
     """Training prompts the base solves sometimes but not always (2..tries-2 of ``tries`` samples)."""
     from data_prep import arith
-    from recipe.gdro.cpu import tasks
+    from recipe.gdro.tinylm import tasks
 
     tok = tinylm.load_tokenizer(base)
     model = tinylm.load_model(base)
@@ -421,7 +421,7 @@ def test_the_base_learns_on_the_frontier(tq_session, tmp_path_factory):
         gains[lr] = float(acc[-6:].mean() - acc[:6].mean())
     # The same run through the direct loop (no Ray, no TransferQueue; the study harness's loop):
     # it learns as much, within seed noise (each gain has a sampling SE of about 0.036).
-    from recipe.gdro.cpu.direct import run_direct
+    from recipe.gdro.experiments.direct import run_direct
 
     direct = run_direct(
         {"train_file": str(train), "prompts": 16, "n": 4, "steps": 30, "lr": LEARN_LR, "num_val": 12},

@@ -59,11 +59,11 @@ def test_readme_links_to_docs_that_exist():
 
 def test_readme_results_tables_are_the_ones_commands_write():
     """The README's tables are the config reference and the tiny-LM study's primary family, as
-    ``recipe.gdro.cpu.study primary`` writes it (its columns, its declared comparisons in order); the
+    ``recipe.gdro.experiments.study primary`` writes it (its columns, its declared comparisons in order); the
     simulator's tables have one home, docs/simulator.md, where the headline table is sim_sweep's."""
-    from recipe.gdro.cpu.study import PRIMARY_COLUMNS, primary_comparisons
+    from recipe.gdro.experiments.study import PRIMARY_COLUMNS, primary_comparisons
     from recipe.gdro.results.table import markdown_row
-    from recipe.gdro.sim.sweep import COMPARE_HEADER
+    from recipe.gdro.experiments.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     headers = {
@@ -79,7 +79,7 @@ def test_readme_results_tables_are_the_ones_commands_write():
 
 def _headline_rows(path: Path) -> dict[tuple[str, str], str]:
     """(scenario, method) → row of the first COMPARE_HEADER table in a markdown file."""
-    from recipe.gdro.sim.sweep import COMPARE_HEADER
+    from recipe.gdro.experiments.sweep import COMPARE_HEADER
 
     lines = path.read_text(encoding="utf-8").splitlines()
     start = lines.index(COMPARE_HEADER) + 2
@@ -99,7 +99,7 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     from recipe.gdro.sim.methods import lookup_tuned_lr
     from recipe.gdro.sim.scenario import load_scenario
     from recipe.gdro.sim.simulate import run_experiment
-    from recipe.gdro.sim.sweep import _compare_rows
+    from recipe.gdro.experiments.sweep import _compare_rows
 
     headline = _headline_rows(REPO / "docs" / "simulator.md")
     for (scen, method), line in headline.items():

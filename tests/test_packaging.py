@@ -100,10 +100,10 @@ def test_wheel_contents(wheel):
         "recipe/gdro/config/size/8b.yaml",  # the config groups
         "recipe/gdro/config/paper_exact_settings/on_rollout_gdro.yaml",
         "recipe/gdro/sim/scenarios/dapo_like.yaml",
-        "recipe/gdro/cpu/policy.py",
-        "recipe/gdro/cpu/base/config.json",
-        "recipe/gdro/cpu/base/model.safetensors",
-        "recipe/gdro/cpu/base/tokenizer.json",
+        "recipe/gdro/tinylm/policy.py",
+        "recipe/gdro/tinylm/base/config.json",
+        "recipe/gdro/tinylm/base/model.safetensors",
+        "recipe/gdro/tinylm/base/tokenizer.json",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",
     ):

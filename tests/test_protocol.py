@@ -1,5 +1,5 @@
 """The study harness's evidence protocol: Holm's correction, equal-budget refusal, tokens-to-target
-and the run cache (recipe/gdro/sim/protocol.py)."""
+and the run cache (recipe/gdro/results/stats.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from recipe.gdro.sim.protocol import (
+from recipe.gdro.results.stats import (
     BudgetMismatch,
     Comparison,
     RunCache,

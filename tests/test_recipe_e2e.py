@@ -817,11 +817,11 @@ def test_per_prompt_weighted_score_and_length_beside_verls(joint_run):
 def test_preflight_round_counts_the_sessions_verl_puts_into_transfer_queue(
     tq_session, tmp_path_factory, tokenizer, script
 ):
-    """The preflight's GPU round (recipe.gdro.startup.preflight.agent_loop_round) on CPU: two prompts with
+    """The preflight's GPU round (recipe.gdro.preflight.agent_loop_round) on CPU: two prompts with
     __rollout_n__ = 2 and 12 go through the trainer's own _submit_batch_to_rollout into verl's
     AgentLoopWorkerTQ (stand-in LLM), and the sessions that reach TransferQueue are counted per prompt.
     A worker ignoring __rollout_n__ (every prompt gets rollout.n = 4) makes the check fail: it can fail."""
-    from recipe.gdro.startup.preflight import agent_loop_round
+    from recipe.gdro.preflight import agent_loop_round
     from recipe.gdro.trainer import GDROTrainerSync
 
     for ignore, expect_ok in ((False, True), (True, False)):

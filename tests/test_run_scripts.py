@@ -528,7 +528,7 @@ def test_preflight_runs_the_launch_overrides_through_the_preflight_module(tmp_pa
     assert proc.returncode == 0, proc.stderr
     assert "| PREFLIGHT" in proc.stderr
     pre = read()
-    assert pre == ["-m", "recipe.gdro.startup.preflight", *real[2:]]
+    assert pre == ["-m", "recipe.gdro.preflight", *real[2:]]
     proc = run_script(script, env={**env, "PREFLIGHT": "1", "DRY_RUN": "1"}, cwd=tmp_path)
     assert proc.returncode == 2 and "exclusive" in proc.stderr
     assert read() is None

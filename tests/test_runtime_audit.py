@@ -53,7 +53,7 @@ def test_visit_ids_must_not_mix_prompts():
 def test_retention_deletes_oldest_whole_folders_and_spares_the_protected(tmp_path):
     from omegaconf import OmegaConf
 
-    from recipe.gdro.retention import enforce_retention, keep_limit
+    from recipe.gdro.checkpoints import enforce_retention, keep_limit
 
     for step in (2, 4, 6, 8, 10):
         (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
@@ -130,7 +130,7 @@ def test_an_allowed_skip_passes_in_ci(tmp_path):
 
 # ------------------------------------------------------------------ item 5: shared storage marker
 def test_shared_storage_marker_logic(tmp_path):
-    from recipe.gdro.startup.preflight import (
+    from recipe.gdro.preflight import (
         PreflightError,
         check_shared_storage,
         read_storage_marker,

@@ -1,4 +1,4 @@
-"""The tiny-LM study harness (recipe/gdro/cpu/study.py): its declared protocol and its run cache."""
+"""The tiny-LM study harness (recipe/gdro/experiments/study.py): its declared protocol and its run cache."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from recipe.gdro.cpu import study
-from recipe.gdro.sim.protocol import PRIMARY
+from recipe.gdro.experiments import study
+from recipe.gdro.results.stats import PRIMARY
 
 
 def _run(final: dict[str, float], curve: list[tuple[int, float]], mass: float, before=None) -> dict:
@@ -120,7 +120,7 @@ def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, m
 def test_the_direct_loop_names_an_unusable_device(capsys):
     import torch
 
-    from recipe.gdro.cpu import direct
+    from recipe.gdro.experiments import direct
 
     assert direct.resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 
 from data_prep import arith, reward_fn
 from data_prep.common import OUTPUT_SCHEMA
-from recipe.gdro.cpu import policy, tasks
-from recipe.gdro.cpu.sft import ProblemStream, collate
-from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
+from recipe.gdro.tinylm import policy, tasks
+from recipe.gdro.tinylm.sft import ProblemStream, collate
+from recipe.gdro.tinylm.model import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -435,7 +435,7 @@ def test_sft_collate_labels_only_the_response(tok):
 
 
 def test_direct_loop_runs_grpo_and_joint_gdro_on_the_base():
-    from recipe.gdro.cpu.direct import run_direct
+    from recipe.gdro.experiments.direct import run_direct
 
     for method in ("grpo", "joint"):
         result = run_direct(

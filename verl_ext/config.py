@@ -493,7 +493,7 @@ class GDROConfig:
         metadata={
             "help": (
                 "recipe only: ``verl`` trains with verl's GPU workers and vLLM/SGLang servers; ``cpu`` runs the "
-                "same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/cpu."
+                "same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/backends."
             )
         },
     )

@@ -58,7 +58,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
         return 2
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
-    from recipe.gdro.cpu.backend import is_cpu_backend, prepare_cpu_config
+    from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
     if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
         prepare_cpu_config(config)
@@ -88,7 +88,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     print("\n".join(cluster_lines), file=stdout, flush=True)
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
-        from recipe.gdro.cpu.backend import run_cpu
+        from recipe.gdro.backends.cpu import run_cpu
 
         run_cpu(config)
         return 0

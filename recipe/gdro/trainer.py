@@ -30,7 +30,7 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
     ``trainer.max_actor_ckpt_to_keep`` is enforced over the ``global_step_K`` folders on disk, on
-    resume and after each save (:mod:`recipe.gdro.retention`).
+    resume and after each save (:mod:`recipe.gdro.checkpoints`).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -73,7 +73,7 @@ from recipe.gdro.results.metrics_io import (
     rewind_metrics_jsonl,
     validation_pass_at_k,
 )
-from recipe.gdro.retention import enforce_retention, keep_limit
+from recipe.gdro.checkpoints import enforce_retention, keep_limit
 from recipe.gdro.startup.checks import (
     GDRO_STATE_FILE,
     build_gdro_config,
@@ -593,7 +593,7 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _enforce_checkpoint_retention(self, protect: list[int]) -> list[str]:
         """``trainer.max_actor_ckpt_to_keep`` over every ``global_step_K`` folder on disk (see
-        :mod:`recipe.gdro.retention`): verl's own limit forgets the checkpoints of earlier processes."""
+        :mod:`recipe.gdro.checkpoints`): verl's own limit forgets the checkpoints of earlier processes."""
         root = self.config.trainer.default_local_dir
         if not os.path.isabs(root):
             root = os.path.join(os.getcwd(), root)

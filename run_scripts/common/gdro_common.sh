@@ -139,7 +139,7 @@ gdro_launch() {
   # it through the job's runtime_env (py_modules, recipe/gdro/startup/cluster.py).
   export PYTHONPATH="$GDRO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
   ((dry)) && note=" | DRY RUN"
-  ((preflight)) && entry=recipe.gdro.startup.preflight && note=" | PREFLIGHT"
+  ((preflight)) && entry=recipe.gdro.preflight && note=" | PREFLIGHT"
   ((paper_exact)) && note+=" | PAPER_EXACT"
   gdro_log "qwen3 $size / $method | model $model | $nnodes node(s) x $gpus GPU(s) | run $project/$experiment$note"
   gdro_log "checkpoints + gdro_metrics.jsonl: $ckpt_dir/$project/$experiment"

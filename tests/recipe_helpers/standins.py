@@ -33,7 +33,7 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 
-from recipe.gdro.cpu.rollout import generate_and_drain
+from recipe.gdro.backends.cpu_rollout import generate_and_drain
 
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (

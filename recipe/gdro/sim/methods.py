@@ -85,7 +85,7 @@ def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
     return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
 
 
-# The lr table written by ``python -m recipe.gdro.sim.sweep tune`` and read by ``simulate --tuned-lr``.
+# The lr table written by ``python -m recipe.gdro.experiments.sweep tune`` and read by ``simulate --tuned-lr``.
 TUNED_LR_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios", "tuned_lr.csv")
 TUNED_LR_COLUMNS = (
     "scenario",
@@ -106,7 +106,7 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
     import csv
 
     if not os.path.exists(path):
-        raise ValueError(f"{path}: no tuned-lr table; write it with python -m recipe.gdro.sim.sweep tune")
+        raise ValueError(f"{path}: no tuned-lr table; write it with python -m recipe.gdro.experiments.sweep tune")
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     table = {(r["scenario"], r["learner"], r["method"]): float(r["best_lr_scale"]) for r in rows}
@@ -114,7 +114,7 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
     if missing:
         raise ValueError(
             f"{path}: no tuned lr for scenario {scenario!r}, learner {learner!r}, method(s) {', '.join(missing)}; "
-            "run python -m recipe.gdro.sim.sweep tune for it"
+            "run python -m recipe.gdro.experiments.sweep tune for it"
         )
     return {m: table[(scenario, learner, m)] for m in methods}
 

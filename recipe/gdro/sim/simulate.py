@@ -699,7 +699,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m recipe.gdro.sim.simulate",
         description="Compare GRPO / Prompt-GDRO / Rollout-GDRO / joint at equal rollouts on a SYNTHETIC learner.",
         epilog=f"Shipped scenarios: {shipped}. Learners: {', '.join(LEARNERS)} (default {DEFAULT_LEARNER}). "
-        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.sim.sweep --help. See docs/simulator.md.",
+        "Sweeps (lr tuning, defaults study): python -m recipe.gdro.experiments.sweep --help. See docs/simulator.md.",
     )
     p.add_argument(
         "--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)"
@@ -726,7 +726,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tuned-lr",
         action="store_true",
         help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
-        "(written by python -m recipe.gdro.sim.sweep tune)",
+        "(written by python -m recipe.gdro.experiments.sweep tune)",
     )
     p.add_argument(
         "--set",

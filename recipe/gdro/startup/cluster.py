@@ -15,7 +15,7 @@ Everything here runs on the driver before (or instead of) training, and most of 
   next to verl's 1-CPU TaskRunner; with fewer Ray CPUs ``tq.init`` (or the placement groups) waits
   forever without an error, so this refuses it with the numbers;
 * :func:`check_group_sizes` -- the preflight's comparison of scheduled per-prompt rollout counts
-  with what the engine returned (``python -m recipe.gdro.startup.preflight``).
+  with what the engine returned (``python -m recipe.gdro.preflight``).
 """
 
 from __future__ import annotations

@@ -2,17 +2,17 @@
 
 Usage (from the repository root; outputs go under ``--out``, never into the source tree)::
 
-    python -m recipe.gdro.cpu.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
-    python -m recipe.gdro.cpu.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
-    python -m recipe.gdro.cpu.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
-    python -m recipe.gdro.cpu.study --out ~/gdro_study long      # regimes: 1,000 steps, a 256-prompt pool
-    python -m recipe.gdro.cpu.study --out ~/gdro_study confirm   # the best explore arm vs GRPO, fresh seeds
-    python -m recipe.gdro.cpu.study --out ~/gdro_study report    # the primary tables again, from the cache
+    python -m recipe.gdro.experiments.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
+    python -m recipe.gdro.experiments.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
+    python -m recipe.gdro.experiments.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
+    python -m recipe.gdro.experiments.study --out ~/gdro_study long      # regimes: 1,000 steps, a 256-prompt pool
+    python -m recipe.gdro.experiments.study --out ~/gdro_study confirm   # the best explore arm vs GRPO, fresh seeds
+    python -m recipe.gdro.experiments.study --out ~/gdro_study report    # the primary tables again, from the cache
 
-Every run is :func:`recipe.gdro.cpu.direct.run_direct` (the CPU backend's sampling, log-prob and
+Every run is :func:`recipe.gdro.experiments.direct.run_direct` (the CPU backend's sampling, log-prob and
 update code, the recipe's ``verl_ext`` controllers, verl's GRPO advantage and policy loss; no Ray).
 Finished runs are stored in ``OUT/cache`` under the SHA-256 of their full configuration
-(:class:`recipe.gdro.sim.protocol.RunCache`), so an interrupted stage resumes where it stopped and
+(:class:`recipe.gdro.results.stats.RunCache`), so an interrupted stage resumes where it stopped and
 a changed setting never reuses a stale run.
 
 The protocol, fixed here before any evaluation-seed run:
@@ -47,9 +47,9 @@ from typing import Any
 
 import numpy as np
 
-from recipe.gdro.cpu.direct import METHODS, DirectConfig
+from recipe.gdro.experiments.direct import METHODS, DirectConfig
 from recipe.gdro.results.table import markdown_table
-from recipe.gdro.sim.protocol import (
+from recipe.gdro.results.stats import (
     PRIMARY,
     Comparison,
     RunCache,
@@ -151,7 +151,7 @@ def _summary(result: dict[str, Any]) -> dict[str, Any]:
 def _run(config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from recipe.gdro.cpu.direct import run_direct
+    from recipe.gdro.experiments.direct import run_direct
 
     torch.set_num_threads(1)
     return _summary(run_direct(config, log=lambda *_: None))

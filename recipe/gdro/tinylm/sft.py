@@ -2,11 +2,11 @@
 
 Usage (from the repository root)::
 
-    python -m recipe.gdro.cpu.sft --out /tmp/tiny1                   # stage 1 of the shipped base
-    python -m recipe.gdro.cpu.sft --init /tmp/tiny1 --out /tmp/tiny2 --steps 900 --lr 3e-3
-    python -m recipe.gdro.cpu.sft --out /tmp/base --steps 300        # a quick, weaker one
+    python -m recipe.gdro.tinylm.sft --out /tmp/tiny1                   # stage 1 of the shipped base
+    python -m recipe.gdro.tinylm.sft --init /tmp/tiny1 --out /tmp/tiny2 --steps 900 --lr 3e-3
+    python -m recipe.gdro.tinylm.sft --out /tmp/base --steps 300        # a quick, weaker one
 
-The shipped base (``recipe/gdro/cpu/base``) is four such stages; docs/tiny_lm.md gives all four.
+The shipped base (``recipe/gdro/tinylm/base``) is four such stages; docs/tiny_lm.md gives all four.
 
 Each step draws ``--batch`` fresh problems: a skill by :data:`SFT_WEIGHTS` (its own mixture,
 not the RL shares), operands uniformly, and rejects every validation-eligible problem
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from data_prep import arith
-from recipe.gdro.cpu.tasks import evaluate, format_table, prompt_ids, val_records
-from recipe.gdro.cpu.tinylm import build_model, build_tokenizer, load_model, load_tokenizer, num_parameters
+from recipe.gdro.tinylm.tasks import evaluate, format_table, prompt_ids, val_records
+from recipe.gdro.tinylm.model import build_model, build_tokenizer, load_model, load_tokenizer, num_parameters
 
 # The SFT mixture (relative weights), the one the shipped base was trained with. The frontier
 # skills are over-sampled relative to their RL share so the base reaches them; mul2x2 gets a

@@ -5,12 +5,12 @@ They replace verl's ``RayWorkerGroup`` of FSDP/Megatron engine workers and its
 
 * ``compute_log_prob(batch)`` / ``compute_ref_log_prob(batch)``: read ``prompts`` / ``responses``
   from TransferQueue, compute the response tokens' log-probs at the batch's temperature with the
-  actor (or the frozen reference) through :func:`recipe.gdro.cpu.policy.response_log_probs`, and
+  actor (or the frozen reference) through :func:`recipe.gdro.tinylm.policy.response_log_probs`, and
   write them back as ``log_probs`` (and ``entropy``) aligned over the whole sequence as verl's
   engine does (position ``p - 1 + t`` holds token ``p + t``; verl's ``response_from_nested`` cuts
   the response part out);
 * ``update_actor(batch)``: reads advantages, old / reference log-probs and masks, and runs
-  :func:`recipe.gdro.cpu.policy.ppo_update` (verl's policy loss from ``core_algos``, AdamW at
+  :func:`recipe.gdro.tinylm.policy.ppo_update` (verl's policy loss from ``core_algos``, AdamW at
   ``actor.optim.lr``, gradient clipping at ``actor.optim.clip_grad``, mini-batches of the size verl
   passes -- ``ppo_mini_batch_size × rollout.n`` rows -- over ``ppo_epochs``, micro-batches of
   ``ppo_micro_batch_size_per_gpu``);
@@ -80,7 +80,7 @@ class CPUActorWorkerGroup:
     """
 
     def __init__(self, config, model: torch.nn.Module, *, pad_token_id: int, server=None, use_reference: bool):
-        from recipe.gdro.cpu import policy
+        from recipe.gdro.tinylm import policy
 
         self.config = config
         self.actor_config = config.actor_rollout_ref.actor
@@ -115,7 +115,7 @@ class CPUActorWorkerGroup:
     def _log_probs(self, model, batch, with_entropy: bool):
         import transfer_queue as tq
 
-        from recipe.gdro.cpu import policy
+        from recipe.gdro.tinylm import policy
 
         data = self._read(batch, ["prompts", "responses"])
         prompts, responses = _nested_rows(data["prompts"]), _nested_rows(data["responses"])
@@ -189,7 +189,7 @@ class CPUActorWorkerGroup:
         return out
 
     def update_actor(self, batch):
-        from recipe.gdro.cpu import policy
+        from recipe.gdro.tinylm import policy
 
         start = time.perf_counter()
         info = dict(batch.extra_info)

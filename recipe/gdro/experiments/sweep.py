@@ -1,8 +1,8 @@
 """Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
-    python -m recipe.gdro.sim.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
-    python -m recipe.gdro.sim.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
-    python -m recipe.gdro.sim.sweep all   (tune, then study)
+    python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
+    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
+    python -m recipe.gdro.experiments.sweep all   (tune, then study)
 
 ``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
 scenario's lr (GRPO also × 8, for the lr curve) on TUNING seeds 100, 101, ... and picks, per
@@ -500,7 +500,7 @@ def study(
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.sim.sweep",
+        prog="python -m recipe.gdro.experiments.sweep",
         description="lr tuning, tuned headline and defaults study on the SYNTHETIC learner.",
     )
     p.add_argument("what", choices=["tune", "study", "all"])
@@ -521,7 +521,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = p.parse_args(argv)
     for s in args.scenarios:
         load_scenario(s)
-    cmd = "python -m recipe.gdro.sim.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
     if args.what in ("tune", "all"):
         tune_seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)

@@ -2,26 +2,26 @@
 
 Usage (from the repository root)::
 
-    python -m recipe.gdro.cpu.direct --steps 200 --method grpo --out /tmp/direct_grpo.json
-    python -m recipe.gdro.cpu.direct --steps 150 --method rollout_gdro --lr 2.5e-5 --num_train 2048 \
+    python -m recipe.gdro.experiments.direct --steps 200 --method grpo --out /tmp/direct_grpo.json
+    python -m recipe.gdro.experiments.direct --steps 150 --method rollout_gdro --lr 2.5e-5 --num_train 2048 \
         --eval_every 30 --gdro rollout.budget=tokens --device auto
 
 One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it:
 
 1. draw ``--prompts`` training prompts (epoch-shuffled, ``data_prep/arith.py``'s train split);
 2. ``GDROController.schedule`` -> the rollout count n(x) of each prompt (n̄ = ``--n`` for GRPO);
-3. :func:`recipe.gdro.cpu.policy.sample` the rollouts at temperature 1, score them with
+3. :func:`recipe.gdro.tinylm.policy.sample` the rollouts at temperature 1, score them with
    ``data_prep.reward_fn.compute_score`` (verl's ``math_dapo``: +1 / -1);
 4. verl's ``compute_grpo_outcome_advantage`` per prompt group;
 5. ``GDROController.observe`` (accuracy, |A| and length per response) -> per-response multipliers,
    applied to the advantages (Prompt-GDRO's reweighting; all ones otherwise);
-6. :func:`recipe.gdro.cpu.policy.ppo_update` with verl's vanilla clipped loss, one mini-batch
+6. :func:`recipe.gdro.tinylm.policy.ppo_update` with verl's vanilla clipped loss, one mini-batch
    of the whole step (on-policy: the rollout log-probs are the old log-probs, ratio 1).
 
 ``run_direct(config)`` returns per-skill validation accuracy before and after, the learning curve
 (validation every ``eval_every`` steps against cumulative tokens and rollouts), per-step metrics
 (with the step's Σ|A|·tokens) and timings; the CLI prints them and writes them as JSON with
-``--out``. The study harness (``recipe.gdro.cpu.study``) runs it under its protocol.
+``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
-from recipe.gdro.cpu import policy, tasks
-from recipe.gdro.cpu.tinylm import BASE_MODEL_DIR, load_model, load_tokenizer
+from recipe.gdro.tinylm import policy, tasks
+from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 from verl_ext import GDROController
 from verl_ext.config import gdro_config_from_dict
 

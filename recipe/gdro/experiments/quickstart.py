@@ -1,6 +1,6 @@
 """The quick start: real RL of the shipped tiny LM on CPU, GRPO against GDRO at equal rollouts.
 
-    python -m recipe.gdro.cpu.quickstart [--steps 30] [--runs grpo,joint_gdro] [--out quickstart_out]
+    python -m recipe.gdro.experiments.quickstart [--steps 30] [--runs grpo,joint_gdro] [--out quickstart_out]
 
 Each run is ``run_scripts/tiny_cpu.sh`` (``gdro.backend=cpu``: verl 0.9.1's v1 loop, the recipe's
 trainer, the tiny LM sampled and trained on CPU) with the same data, seed, steps and rollout budget
@@ -131,7 +131,7 @@ def write_report(out: Path, methods: list[str], walls: dict[str, float], steps: 
     lines = [
         "# Quick start: the tiny LM trained on CPU (GRPO vs GDRO)",
         "",
-        f"Every run: the shipped base (recipe/gdro/cpu/base), {steps} steps of 64 prompts x 4 rollouts "
+        f"Every run: the shipped base (recipe/gdro/tinylm/base), {steps} steps of 64 prompts x 4 rollouts "
         "(the same total rollouts), the same data and seed, through verl 0.9.1's v1 loop with the CPU "
         "backend (`gdro.backend=cpu`, docs/cpu_backend.md), lr 1e-4. Validation: one response per "
         "validation prompt at temperature 1 (the study's metric), before training and every 10 steps. "

@@ -14,7 +14,7 @@ import torch
 
 from data_prep import arith
 from data_prep.reward_fn import compute_score
-from recipe.gdro.cpu.policy import sample
+from recipe.gdro.tinylm.policy import sample
 
 # Response budget (tokens, eos included): "Answer: " + up to 5 digits + eos is 14.
 MAX_RESPONSE_TOKENS = 16

@@ -11,8 +11,8 @@ is also eos, and one role marker per chat role). The chat template renders a con
 ``<|user|>12+34<|end|><|assistant|>`` (with ``add_generation_prompt``); the assistant's turn is
 ``Answer: 46<|end|>``.
 
-The shipped base (:data:`BASE_MODEL_DIR`) is made by ``python -m recipe.gdro.cpu.sft --out
-recipe/gdro/cpu/base`` (see ``docs/tiny_lm.md``).
+The shipped base (:data:`BASE_MODEL_DIR`) is made by ``python -m recipe.gdro.tinylm.sft --out
+recipe/gdro/tinylm/base`` (see ``docs/tiny_lm.md``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def load_model(path: str | Path = BASE_MODEL_DIR, device: str | torch.device = "
     """Load a saved tiny LM (or any local causal LM folder) in float32 on ``device``, in eval mode."""
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"no model at {path} (no config.json); make one with python -m recipe.gdro.cpu.sft")
+        raise FileNotFoundError(f"no model at {path} (no config.json); make one with python -m recipe.gdro.tinylm.sft")
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
     return model.to(device).eval()
 

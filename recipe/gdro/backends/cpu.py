@@ -12,8 +12,8 @@ overrides), verl's dataset / dataloader and tokenizer loading, TransferQueue, th
 metrics, verl's ``AgentLoopWorkerTQ`` + ``SingleTurnAgentLoop`` + ``LLMServerClient.generate`` and
 the reward loop. What is replaced: ``PPOTrainer._setup``'s GPU parts (resource pools, the
 FSDP/Megatron ``RayWorkerGroup``, ``LLMServerManager`` + vLLM replicas, ``CheckpointEngineManager``,
-``RewardLoopManager``'s Ray workers) by :mod:`recipe.gdro.cpu.workers` and
-:mod:`recipe.gdro.cpu.rollout`, and ``AgentLoopManagerTQ`` by :class:`CPUAgentLoopManager`.
+``RewardLoopManager``'s Ray workers) by :mod:`recipe.gdro.backends.cpu_workers` and
+:mod:`recipe.gdro.backends.cpu_rollout`, and ``AgentLoopManagerTQ`` by :class:`CPUAgentLoopManager`.
 
 ``_balance_batch`` is verl's, followed by one reorder into the canonical order (prompt position in
 its batch, session, turn; verl's padding last): TransferQueue returns trajectories in the order they
@@ -34,8 +34,8 @@ from types import SimpleNamespace
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from recipe.gdro.cpu.rollout import CPUAgentLoopManager, CPURolloutServer
-from recipe.gdro.cpu.workers import CPUActorWorkerGroup, CPUCheckpointEngine
+from recipe.gdro.backends.cpu_rollout import CPUAgentLoopManager, CPURolloutServer
+from recipe.gdro.backends.cpu_workers import CPUActorWorkerGroup, CPUCheckpointEngine
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class CPUBackendMixin:
     rollout_server_cls = CPURolloutServer
 
     def _setup(self):
-        from recipe.gdro.cpu import tinylm
+        from recipe.gdro.tinylm import model as tinylm
 
         self._init_tokenizer()  # verl's: HFModelConfig(model.path).tokenizer
         self._init_dataloader()

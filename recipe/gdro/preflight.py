@@ -1,7 +1,7 @@
 """Preflight of a GDRO launch on the GPU cluster: about a minute, before hours of training.
 
     PREFLIGHT=1 bash run_scripts/qwen3_8b_rollout_gdro.sh        # the launch's exact overrides
-    python -m recipe.gdro.startup.preflight [hydra overrides]            # the same, by hand
+    python -m recipe.gdro.preflight [hydra overrides]            # the same, by hand
 
 It runs, in order, and stops at the first failure (exit 2, or 1 for a config Hydra/verl rejects):
 

@@ -302,7 +302,7 @@ class CPURolloutServer:
 
     @torch.no_grad()
     def _sample(self, prompts: list[list[int]], temperature: float, top_p: float, top_k: int):
-        from recipe.gdro.cpu import policy
+        from recipe.gdro.tinylm import policy
 
         # TransferQueue's client resets torch's thread count after every put (limit_pytorch_auto_parallel_threads
         # restores the value it saw at import), so the backend's setting is applied again before each batch.
