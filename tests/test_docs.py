@@ -62,8 +62,8 @@ def test_readme_results_tables_are_the_ones_commands_write():
     ``recipe.gdro.experiments.study primary`` writes it (its columns, its declared comparisons in order); the
     simulator's tables have one home, docs/simulator.md, where the headline table is sim_sweep's."""
     from recipe.gdro.experiments.study import PRIMARY_COLUMNS, primary_comparisons
-    from recipe.gdro.results.table import markdown_row
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
+    from recipe.gdro.results.table import markdown_row
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     headers = {
@@ -96,10 +96,10 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     """Not only the header: every row's lr in docs/simulator.md's headline table is the shipped tuned lr,
     and two rows (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4 at tuned lr) are
     recomputed with the current code and must match cell for cell, so stale numbers fail."""
+    from recipe.gdro.experiments.sweep import _compare_rows
     from recipe.gdro.sim.methods import lookup_tuned_lr
     from recipe.gdro.sim.scenario import load_scenario
     from recipe.gdro.sim.simulate import run_experiment
-    from recipe.gdro.experiments.sweep import _compare_rows
 
     headline = _headline_rows(REPO / "docs" / "simulator.md")
     for (scen, method), line in headline.items():

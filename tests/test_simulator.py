@@ -518,8 +518,8 @@ def test_paired_ci():
 
 
 def test_lr_scale_and_tuned_lr_lookup(tmp_path):
-    from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
     from recipe.gdro.experiments.sweep import LR_GRID, TUNE_PRESETS
+    from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
 
     r = run_one(tiny(), "grpo", 0, steps=2, lr_scale=2.0)
     assert r["lr"] == pytest.approx(0.04) and r["lr_scale"] == 2.0
@@ -540,8 +540,8 @@ def test_lr_scale_and_tuned_lr_lookup(tmp_path):
 
 def test_docs_tables_have_the_format_the_commands_write():
     """Every results table in docs/simulator.md is pasted from a command's output: same header."""
-    from recipe.gdro.sim.simulate import RESULTS_HEADER
     from recipe.gdro.experiments.sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
+    from recipe.gdro.sim.simulate import RESULTS_HEADER
 
     docs = open(os.path.join(REPO, "docs", "simulator.md"), encoding="utf-8").read()
     assert COMPARE_HEADER in docs, "the headline table is sim_sweep's headline.md"

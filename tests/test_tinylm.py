@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from data_prep import arith, reward_fn
 from data_prep.common import OUTPUT_SCHEMA
 from recipe.gdro.tinylm import policy, tasks
-from recipe.gdro.tinylm.sft import ProblemStream, collate
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
+from recipe.gdro.tinylm.sft import ProblemStream, collate
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 
 from recipe.gdro.experiments.direct import METHODS, DirectConfig
-from recipe.gdro.results.table import markdown_table
 from recipe.gdro.results.stats import (
     PRIMARY,
     Comparison,
@@ -59,6 +58,7 @@ from recipe.gdro.results.stats import (
     paired_t_pvalue,
     value_at_budget,
 )
+from recipe.gdro.results.table import markdown_table
 from recipe.gdro.sim.simulate import paired_ci
 from verl_ext.atomic import atomic_replace
 

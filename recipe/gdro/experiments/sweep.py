@@ -1,7 +1,8 @@
 """Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
     python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
-    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
+    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2]
+        [--full]
     python -m recipe.gdro.experiments.sweep all   (tune, then study)
 
 ``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
