@@ -33,6 +33,7 @@ from typing import Optional, Sequence
 import hydra
 from omegaconf import DictConfig
 
+from recipe.gdro.checkpoints import GDRO_STATE_FILE
 from recipe.gdro.startup.checks import GDRORecipeError, check_dry_run_data, prepare
 from recipe.gdro.startup.cli import (
     CONFIG_NAME,
@@ -81,10 +82,10 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
         print(f"{what}: error: {e}", file=stderr)
         return 2
     if dry:
-        print_dry_run(config, prepared, stream=stdout, cluster_lines=cluster_lines)
+        print_dry_run(config, prepared, GDRO_STATE_FILE, stream=stdout, cluster_lines=cluster_lines)
         return 0
 
-    print(format_plan(config, prepared), file=stdout)
+    print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
