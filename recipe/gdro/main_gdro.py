@@ -151,4 +151,8 @@ def entry(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(entry())
+    # Ctrl-C / SIGTERM: the run's finally blocks close the agent loop, TransferQueue and Ray, then one
+    # line and exit 130 / 143, no process left (verl_ext.interrupt).
+    from verl_ext.interrupt import run_main
+
+    run_main("gdro", entry)

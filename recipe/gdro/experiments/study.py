@@ -502,13 +502,16 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     args = p.parse_args(argv)
     out = Path(args.out).expanduser()
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.stage == "report" and not (out / "cache").is_dir():  # report reads the cache; it makes nothing
+        print(f"error: no run cache at {out / 'cache'}; run the primary stage first", file=sys.stderr)
+        return 2
     try:
         cache = RunCache(out / "cache")
     except OSError as e:
         print(f"error: cannot write to --out {out}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    if args.jobs < 1:
-        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     jobs = 0 if args.stage == "report" else args.jobs
     try:
@@ -526,4 +529,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    # stop the pool's workers at the signal: leaving its `with` otherwise waits for every queued run
+    run_main("study", main, detail="finished runs are in the cache", stop_children_at_signal=True)

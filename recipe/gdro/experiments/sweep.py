@@ -520,6 +520,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--seeds", args.seeds),
+        ("--tune-seeds", args.tune_seeds),
+        ("--workers", args.workers),
+    ):
+        if value is not None and value < 1:
+            print(f"error: {flag} {value}: must be >= 1", file=sys.stderr)
+            return 2
     for s in args.scenarios:
         load_scenario(s)
     cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -534,4 +543,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    run_main("sim.sweep", main)
