@@ -60,6 +60,9 @@ def test_the_confirmatory_arm_is_the_largest_tuning_seed_gain_and_the_seeds_are_
 
 
 def test_report_runs_nothing_and_names_the_missing_run(tmp_path, capsys):
+    assert study.main(["report", "--out", str(tmp_path)]) == 2  # no cache at all: nothing is created
+    assert "no run cache" in capsys.readouterr().err and not (tmp_path / "cache").exists()
+    (tmp_path / "cache").mkdir()
     assert study.main(["report", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "not in the cache" in err and f"grpo lr={study.LR_GRID[0]:g} seed={study.TUNING_SEEDS[0]}" in err

@@ -27,6 +27,11 @@ section its dataclass rejects, missing or too-small data in a dry run); 1 when v
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("gdro")
+
 import sys
 from typing import Optional, Sequence
 

@@ -14,6 +14,11 @@ adversary weight over steps) and the validation learning curves.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("quickstart")
+
 import argparse
 import json
 import os

@@ -36,6 +36,11 @@ The protocol, fixed here before any evaluation-seed run:
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("study")
+
 import argparse
 import json
 import math

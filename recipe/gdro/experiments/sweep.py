@@ -27,6 +27,11 @@ is synthetic: this is evidence about a stand-in, not about an LLM (docs/simulato
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("sim.sweep")
+
 import argparse
 import csv
 import json
