@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import itertools
 import math
 import types
@@ -23,14 +24,77 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LOSS_SIGNALS = ("learnability", "failure_rate", "mean_abs_advantage")
-ALLOCATORS = ("sqrt", "hedge", "bandit", "knapsack", "discovery", "uniform")  # bandit: the earlier name of hedge
-UNSEEN_MODES = ("own_bin", "prior")
-COUPLINGS = ("none", "divide_by_allocation")
-NORMALIZE_MODES = ("advantage_mass", "all_responses")
-VARIANCE_SOURCES = ("bin", "prompt")
-BUDGETS = ("rollouts", "tokens")
-SCORE_INITS = ("first_observation", "zero")
+class Choice(str, enum.Enum):
+    """A string option checked by the dataclass (and by OmegaConf, which validates Enum fields by name).
+
+    A ``str`` mixin whose ``str()`` and format are the plain value, so ``cfg.rollout.allocator ==
+    "sqrt"``, f-strings, JSON and the metrics see the same strings as before; member name == value.
+    """
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    __format__ = str.__format__
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(m.value for m in cls)
+
+
+class LossSignal(Choice):
+    learnability = "learnability"
+    failure_rate = "failure_rate"
+    mean_abs_advantage = "mean_abs_advantage"
+
+
+class Allocator(Choice):
+    sqrt = "sqrt"
+    hedge = "hedge"
+    bandit = "bandit"  # the earlier name of hedge (runs the same code)
+    knapsack = "knapsack"
+    discovery = "discovery"
+    uniform = "uniform"
+
+
+class UnseenMode(Choice):
+    own_bin = "own_bin"
+    prior = "prior"
+
+
+class Coupling(Choice):
+    none = "none"
+    divide_by_allocation = "divide_by_allocation"
+
+
+class NormalizeMode(Choice):
+    advantage_mass = "advantage_mass"
+    all_responses = "all_responses"
+
+
+class VarianceSource(Choice):
+    bin = "bin"
+    prompt = "prompt"
+
+
+class Budget(Choice):
+    rollouts = "rollouts"
+    tokens = "tokens"
+
+
+class ScoreInit(Choice):
+    first_observation = "first_observation"
+    zero = "zero"
+
+
+# The choices as tuples of strings (kept for callers that list them).
+LOSS_SIGNALS = LossSignal.values()
+ALLOCATORS = Allocator.values()
+UNSEEN_MODES = UnseenMode.values()
+COUPLINGS = Coupling.values()
+NORMALIZE_MODES = NormalizeMode.values()
+VARIANCE_SOURCES = VarianceSource.values()
+BUDGETS = Budget.values()
+SCORE_INITS = ScoreInit.values()
 
 
 class GDROConfigError(ValueError):
@@ -53,6 +117,18 @@ def _check_unit(name: str, value: float, *, open_low: bool = False, open_high: b
 def _check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         _fail(name, value, "must be a finite number > 0")
+
+
+def _choice(field_name: str, cls: type[Choice], value: Any) -> Choice:
+    """``value`` as a member of ``cls``, or :class:`GDROConfigError` listing the choices (did-you-mean)."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str) and value in cls.values():
+        return cls(value)
+    close = difflib.get_close_matches(str(value), cls.values(), n=1, cutoff=0.4)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    _fail(field_name, value, f"must be one of {cls.values()}{hint}")
+    raise AssertionError  # unreachable: _fail raises
 
 
 @dataclass
@@ -108,8 +184,8 @@ class BinnerConfig:
             )
         },
     )
-    unseen: str = field(
-        default="own_bin",
+    unseen: UnseenMode = field(
+        default=UnseenMode.own_bin,
         metadata={
             "help": (
                 "how never-visited prompts are grouped. ``own_bin`` (default) gives them a separate group K that "
@@ -141,8 +217,7 @@ class BinnerConfig:
             _fail("binner.window", self.window, "must be an integer >= 1")
         if not (isinstance(self.hysteresis, (int, float)) and 0 <= self.hysteresis < 0.5):
             _fail("binner.hysteresis", self.hysteresis, "must lie in [0, 0.5)")
-        if self.unseen not in UNSEEN_MODES:
-            _fail("binner.unseen", self.unseen, f"must be one of {UNSEEN_MODES}")
+        self.unseen = _choice("binner.unseen", UnseenMode, self.unseen)
         _check_unit("binner.unseen_prior", self.unseen_prior)
         if self.half_life is not None:
             _check_positive("binner.half_life", self.half_life)
@@ -186,8 +261,8 @@ class PromptGDROConfig:
         default=0.01,
         metadata={"help": "floor on the realised batch share q̂(b) in the debiasing division."},
     )
-    loss_signal: str = field(
-        default="learnability",
+    loss_signal: LossSignal = field(
+        default=LossSignal.learnability,
         metadata={
             "help": (
                 "the per-prompt loss ℓ(x) the adversary sees (see :mod:`verl_ext.prompt_gdro`): ``learnability`` "
@@ -195,8 +270,8 @@ class PromptGDROConfig:
             )
         },
     )
-    rollout_coupling: str = field(
-        default="none",
+    rollout_coupling: Coupling = field(
+        default=Coupling.none,
         metadata={
             "help": (
                 "joint mode only. ``divide_by_allocation`` divides a prompt's weight by n(x)/n̄ so a prompt given"
@@ -205,8 +280,8 @@ class PromptGDROConfig:
             )
         },
     )
-    normalize: str = field(
-        default="advantage_mass",
+    normalize: NormalizeMode = field(
+        default=NormalizeMode.advantage_mass,
         metadata={
             "help": (
                 "how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A| over the batch, so "
@@ -236,8 +311,8 @@ class PromptGDROConfig:
             )
         },
     )
-    score_init: str = field(
-        default="first_observation",
+    score_init: ScoreInit = field(
+        default=ScoreInit.first_observation,
         metadata={
             "help": (
                 "where a bin's score starts. ``first_observation`` (default): the bin's first observation sets it"
@@ -251,12 +326,10 @@ class PromptGDROConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             _fail("prompt.enable", self.enable, "must be true or false")
-        if self.score_init not in SCORE_INITS:
-            _fail("prompt.score_init", self.score_init, f"must be one of {SCORE_INITS}")
+        self.score_init = _choice("prompt.score_init", ScoreInit, self.score_init)
         if not isinstance(self.lagged, bool):
             _fail("prompt.lagged", self.lagged, "must be true or false")
-        if self.normalize not in NORMALIZE_MODES:
-            _fail("prompt.normalize", self.normalize, f"must be one of {NORMALIZE_MODES}")
+        self.normalize = _choice("prompt.normalize", NormalizeMode, self.normalize)
         if not (isinstance(self.min_group_prompts, (int, float)) and 0 <= self.min_group_prompts < math.inf):
             _fail("prompt.min_group_prompts", self.min_group_prompts, "must be a finite number >= 0")
         _check_positive("prompt.eta", self.eta)
@@ -266,10 +339,8 @@ class PromptGDROConfig:
         if not (isinstance(self.weight_cap, (int, float)) and math.isfinite(self.weight_cap) and self.weight_cap >= 1):
             _fail("prompt.weight_cap", self.weight_cap, "must be a finite number >= 1")
         _check_unit("prompt.share_floor", self.share_floor, open_low=True)
-        if self.loss_signal not in LOSS_SIGNALS:
-            _fail("prompt.loss_signal", self.loss_signal, f"must be one of {LOSS_SIGNALS}")
-        if self.rollout_coupling not in COUPLINGS:
-            _fail("prompt.rollout_coupling", self.rollout_coupling, f"must be one of {COUPLINGS}")
+        self.loss_signal = _choice("prompt.loss_signal", LossSignal, self.loss_signal)
+        self.rollout_coupling = _choice("prompt.rollout_coupling", Coupling, self.rollout_coupling)
 
 
 @dataclass
@@ -280,8 +351,8 @@ class RolloutGDROConfig:
         default=False,
         metadata={"help": "schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``."},
     )
-    allocator: str = field(
-        default="sqrt",
+    allocator: Allocator = field(
+        default=Allocator.sqrt,
         metadata={
             "help": (
                 "``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin full-information Hedge over "
@@ -342,8 +413,8 @@ class RolloutGDROConfig:
         default=1e-3,
         metadata={"help": "lower bound on v_b, so a solved bin still has a finite price."},
     )
-    variance_source: str = field(
-        default="bin",
+    variance_source: VarianceSource = field(
+        default=VarianceSource.bin,
         metadata={
             "help": (
                 "the variance the ``sqrt`` allocator and the exact-budget repair use per prompt. ``bin``: the "
@@ -372,8 +443,8 @@ class RolloutGDROConfig:
         default=0,
         metadata={"help": "RNG seed (the bandit's exploration; ties)."},
     )
-    budget: str = field(
-        default="rollouts",
+    budget: Budget = field(
+        default=Budget.rollouts,
         metadata={
             "help": (
                 "what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also the expected "
@@ -414,8 +485,7 @@ class RolloutGDROConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.enable, bool):
             _fail("rollout.enable", self.enable, "must be true or false")
-        if self.allocator not in ALLOCATORS:
-            _fail("rollout.allocator", self.allocator, f"must be one of {ALLOCATORS}")
+        self.allocator = _choice("rollout.allocator", Allocator, self.allocator)
         for name in ("n_mean", "n_min", "n_max", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -434,29 +504,26 @@ class RolloutGDROConfig:
         _check_unit("rollout.variance_beta", self.variance_beta, open_low=True)
         _check_unit("rollout.variance_prior", self.variance_prior, open_low=True)
         _check_unit("rollout.variance_floor", self.variance_floor, open_low=True)
-        if self.variance_source not in VARIANCE_SOURCES:
-            _fail("rollout.variance_source", self.variance_source, f"must be one of {VARIANCE_SOURCES}")
+        self.variance_source = _choice("rollout.variance_source", VarianceSource, self.variance_source)
         if not (isinstance(self.variance_shrinkage, (int, float)) and 0 <= self.variance_shrinkage < math.inf):
             _fail("rollout.variance_shrinkage", self.variance_shrinkage, "must be a finite number >= 0")
         _check_positive("rollout.bandit_eta", self.bandit_eta)
         _check_unit("rollout.bandit_gamma", self.bandit_gamma)
         _check_unit("rollout.bandit_beta", self.bandit_beta, open_low=True)
-        if self.budget not in BUDGETS:
-            close = difflib.get_close_matches(str(self.budget), BUDGETS, n=1, cutoff=0.4)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            _fail("rollout.budget", self.budget, f"must be one of {BUDGETS}{hint}")
+        self.budget = _choice("rollout.budget", Budget, self.budget)
         _check_positive("rollout.token_lr", self.token_lr)
         _check_unit("rollout.length_beta", self.length_beta, open_low=True)
         if not (isinstance(self.length_shrinkage, (int, float)) and 0 <= self.length_shrinkage < math.inf):
             _fail("rollout.length_shrinkage", self.length_shrinkage, "must be a finite number >= 0")
 
 
-BACKENDS = ("verl", "cpu")
-
-
 @dataclass
 class GDROConfig:
-    """The whole ``gdro:`` section: the binner and the two adversaries."""
+    """The controllers' part of the ``gdro:`` section: the binner, the two adversaries, ``observe``.
+
+    The recipe's own keys of that section (``gdro.dry_run``, ``gdro.metrics_file``, ``gdro.backend``)
+    are not the controllers' business: :mod:`recipe.gdro.startup.recipe_config` owns them.
+    """
 
     binner: BinnerConfig = field(
         default_factory=BinnerConfig,
@@ -480,27 +547,6 @@ class GDROConfig:
             )
         },
     )
-    dry_run: bool = field(
-        default=False,
-        metadata={"help": "recipe only: validate the config, print the plan and exit."},
-    )
-    metrics_file: str = field(
-        default="gdro_metrics.jsonl",
-        metadata={"help": "recipe only: per-step JSON lines file name inside the experiment folder."},
-    )
-    backend: str = field(
-        default="verl",
-        metadata={
-            "help": (
-                "recipe only: ``verl`` trains with verl's GPU workers and vLLM/SGLang servers; ``cpu`` runs the "
-                "same v1 loop with the tiny-LM CPU stand-ins of recipe/gdro/backends."
-            )
-        },
-    )
-
-    def __post_init__(self):
-        if self.backend not in BACKENDS:
-            _fail("backend", self.backend, f"must be one of {BACKENDS}")
 
     @property
     def enabled(self) -> bool:
@@ -536,6 +582,9 @@ def _refuse_strings(cls: type, data: Mapping[str, Any], prefix: str) -> None:
             if not isinstance(value, Mapping):
                 raise GDROConfigError(f"gdro config: gdro.{path} must be a mapping of its keys, got {value!r}")
             _refuse_strings(annotation, value, path)
+            continue
+        if isinstance(annotation, type) and issubclass(annotation, Choice):
+            _choice(path, annotation, value)  # a did-you-mean before OmegaConf's terser message
             continue
         want = _STRICT_SCALARS.get(_scalar_type(annotation))
         values = value if isinstance(value, (list, tuple)) else [value]
@@ -598,5 +647,9 @@ def gdro_config_from_dict(data: Any) -> GDROConfig:
 
 
 def gdro_config_to_dict(config: GDROConfig) -> dict[str, Any]:
-    """The plain-dict form of a config (for logging and checkpoints)."""
-    return dataclasses.asdict(config)
+    """The plain-dict form of a config (for logging and checkpoints); choices as their strings."""
+    return dataclasses.asdict(config, dict_factory=lambda items: {k: _plain(v) for k, v in items})
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Choice) else value

@@ -13,16 +13,20 @@ section, refuses unsupported verl modes, checks the rollout budget against the b
 mini-batch sizes, the training data's ``extra_info.index`` and that the reward reports ``acc``, and
 runs verl's own config validation. A dry run stops there and prints the resolved ``gdro``
 section, the relevant resolved verl keys and a one-screen plan; it needs no GPU, no Ray and no
-downloaded model. A dry run (``gdro.dry_run=true``) also requires the data: every local training
+downloaded model. A dry run (``gdro.dry_run=true``) and a real launch also require the data: every local training
 and validation file must exist and be readable, and the training files must hold at least
 ``data.train_batch_size`` prompts; ``gdro.dry_run=config`` checks the configuration alone (files
 that exist are still checked, missing ones are listed). A dry run composes the config without
 Hydra's job runtime, so it leaves no ``outputs/<date>/<time>/`` folder behind.
 
-Exit status: 0 on success; 2 for a setting the start-up checks refuse (unknown / mistyped ``gdro``
-key, impossible budget, unsupported verl mode, bad prompt ids, reward without ``acc``, a verl
-section its dataclass rejects, missing or too-small data in a dry run); 1 when verl's
-``validate_config`` (or Hydra, e.g. an override of a verl key that does not exist) fails.
+Exit status: 0 on success; 2 for anything the start-up checks refuse, printed on one line that names
+the key, file, row or value (an unknown or mistyped key, verl's included; a value out of range;
+an impossible budget; an unsupported verl mode; bad prompt ids; a reward without ``acc``; data
+files missing, unreadable, without ``data.prompt_key`` or smaller than a batch; an output path
+that cannot be created; what verl's own validation refuses). A real launch runs the same checks
+(plus a writable checkpoint folder, a local model folder, a Ray cluster for several nodes) before
+Hydra's job runtime starts, so a refused launch leaves no ``outputs/`` folder. 1 only for a defect
+of a check itself.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import hydra
 from omegaconf import DictConfig
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE
-from recipe.gdro.startup.checks import GDRORecipeError, check_dry_run_data, prepare
+from recipe.gdro.startup.checks import DATA_LISTED, DATA_REQUIRED, GDRORecipeError, prepare
 from recipe.gdro.startup.cli import (
     CONFIG_NAME,
     DRY_RUN_CONFIG_ONLY,
@@ -53,9 +57,11 @@ from recipe.gdro.startup.plan import format_plan, print_dry_run
 from verl_ext import GDROConfigError, PromptIdError
 
 
-def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
-    """Check ``config``; on a dry run print the plan, otherwise train. Returns the exit status."""
-    stdout = stdout or sys.stdout
+def check_launch(config: DictConfig, *, stderr=None):
+    """Every start-up check of a dry run or a launch, before Ray, a GPU or Hydra's job runtime.
+
+    Returns ``(mode, prepared, cluster_lines)``, or an exit status (2) after printing one line that
+    names the key, file or value at fault."""
     stderr = stderr or sys.stderr
     try:
         mode = dry_run_mode(config)
@@ -66,17 +72,16 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     what = "gdro dry run" if dry else "gdro"
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
-    if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
-        prepare_cpu_config(config)
     try:
-        prepared = prepare(config)
-        if dry:
-            prepared.files = check_dry_run_data(config, config_only=mode == DRY_RUN_CONFIG_ONLY)
+        if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
+            prepare_cpu_config(config)
+        data_files = DATA_LISTED if mode == DRY_RUN_CONFIG_ONLY else DATA_REQUIRED
+        prepared = prepare(config, data_files=data_files, launch=not dry)
     except (GDROConfigError, GDRORecipeError, PromptIdError) as e:
         print(f"{what}: error: {e}", file=stderr)
         return 2
-    except Exception as e:  # noqa: BLE001 - verl's validation raises assertions, ValueErrors, Hydra errors...
-        print(f"{what}: verl config validation failed: {type(e).__name__}: {e}", file=stderr)
+    except Exception as e:  # noqa: BLE001 - a defect of a check, not of the config: say so, in one line
+        print(f"{what}: start-up check failed unexpectedly: {type(e).__name__}: {e}", file=stderr)
         return 1
     # Cluster readiness (recipe.gdro.startup.cluster): attention kernel importable, code shipped to Ray workers.
     from recipe.gdro.startup.cluster import cluster_checks
@@ -86,12 +91,24 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     except GDRORecipeError as e:
         print(f"{what}: error: {e}", file=stderr)
         return 2
-    if dry:
+    return mode, prepared, cluster_lines
+
+
+def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
+    """Check ``config``; on a dry run print the plan, otherwise train. Returns the exit status."""
+    stdout = stdout or sys.stdout
+    checked = check_launch(config, stderr=stderr)
+    if isinstance(checked, int):
+        return checked
+    mode, prepared, cluster_lines = checked
+    if mode is not None:
         print_dry_run(config, prepared, GDRO_STATE_FILE, stream=stdout, cluster_lines=cluster_lines)
         return 0
 
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
+
+    from recipe.gdro.backends.cpu import is_cpu_backend
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
         from recipe.gdro.backends.cpu import run_cpu
@@ -127,8 +144,9 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
 
 def entry(argv: Optional[Sequence[str]] = None) -> int:
     """The command line: ``--help`` is ours; dry runs compose the config without Hydra's job runtime
-    (no ``outputs/`` folder); a training run goes through ``@hydra.main`` as in verl. Unknown keys
-    are reported before Hydra starts (exit 2 for ``gdro.*``)."""
+    (no ``outputs/`` folder); a training run is checked the same way first, then goes through
+    ``@hydra.main`` as in verl, so a refused launch leaves no ``outputs/`` folder either. Unknown
+    keys and refused values exit 2, naming them."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("--help", "-h") for a in argv):
         try:
@@ -147,9 +165,12 @@ def entry(argv: Optional[Sequence[str]] = None) -> int:
     if argv_dry_run(argv):
         return cli(argv)
     try:
-        compose_config(argv)  # fail fast, with our message, on an unknown key
+        config = compose_config(argv)  # fail fast, with our message, on an unknown key
     except Exception as e:  # noqa: BLE001
         return report_compose_error(e, argv)
+    checked = check_launch(config)  # refused before Hydra's job runtime: no outputs/ folder is left
+    if isinstance(checked, int):
+        return checked
     sys.argv = [sys.argv[0], *argv]
     main()
     return 0

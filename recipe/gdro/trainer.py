@@ -78,6 +78,7 @@ from recipe.gdro.results.metrics_io import (
 )
 from recipe.gdro.startup.checks import (
     build_gdro_config,
+    build_recipe_config,
     check_budget,
     check_supported_modes,
     check_train_prompt_ids,
@@ -191,7 +192,7 @@ class GDROTrainerSync(PPOTrainerSync):
         return self._gdro_runs
 
     def gdro_metrics_path(self) -> str | None:
-        name = self.gdro_config.metrics_file
+        name = build_recipe_config(self.config).metrics_file  # a recipe key (startup/recipe_config.py)
         if not name:
             return None
         return os.path.join(self.config.trainer.default_local_dir, name)

@@ -7,15 +7,20 @@ imports only omegaconf, numpy, pyarrow and verl_ext at import time; verl itself 
 
 The checks, in the order :func:`prepare` runs them:
 
-0. verl keys that have no usable default, all named at once (:func:`check_required_keys`), and the
-   GPU layout: rollout tensor parallelism against GPUs per node, token budgets against the longest
+0. verl keys users set, by type and range (:data:`VERL_KEYS`, :func:`check_verl_keys`: lr, steps,
+   batch sizes, memory fraction, booleans, the run's names, ``trainer.logger``); verl keys that have
+   no usable default, all named at once (:func:`check_required_keys`), and the GPU layout: rollout tensor parallelism against GPUs per node, token budgets against the longest
    sequence (:func:`check_layout`);
 1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
-   values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``;
+   values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``; its recipe keys ->
+   :class:`recipe.gdro.startup.recipe_config.RecipeConfig`; output paths that cannot be created
+   (:func:`check_output_paths`); on a real launch a local model folder and a Ray cluster for
+   several nodes;
 2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
-3. the rollout budget against batch / mini-batch / data-parallel sizes (:func:`check_budget`);
-4. the training data's prompt ids: ``extra_info.index`` present, integer, unique
-   (:func:`check_train_prompt_ids`);
+3. with ``data_files``: the data files exist, are readable, have ``data.prompt_key`` and hold a
+   batch (:func:`check_dry_run_data`); the rollout budget against batch / mini-batch / data-parallel sizes (:func:`check_budget`);
+4. the training data's prompt ids: ``extra_info.index`` present, integer, unique, and small
+   enough for the binner's arrays (:func:`check_train_prompt_ids`, :func:`check_id_range`);
 5. the reward reports ``acc`` (:func:`probe_reward_acc`);
 6. verl's own validation (``validate_config``, dataclass conversion of ``algorithm`` and
    ``actor_rollout_ref.rollout``, trainer class, advantage estimator, reward manager).
@@ -27,6 +32,7 @@ import asyncio
 import inspect
 import math
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -34,6 +40,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
 
 SUPPORTED_TRAINER_MODE = "sync"
@@ -41,6 +48,136 @@ SUPPORTED_TRAINER_MODE = "sync"
 
 class GDRORecipeError(ValueError):
     """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
+
+
+# --------------------------------------------------------------------------------------- verl keys
+@dataclass(frozen=True)
+class VerlKey:
+    """One verl key the recipe's users set (through the scripts or by hand), with its type and range.
+
+    verl reads these as plain YAML and fails late (``int('lots')`` deep in the trainer) or never
+    (a learning rate of -1e-6 trains backwards, a memory fraction of 2.0 is "fits"); the table
+    refuses them before anything starts, naming the key.
+    """
+
+    key: str
+    kind: type  # int, float or bool
+    low: Optional[float] = None  # inclusive unless low_open
+    high: Optional[float] = None  # inclusive
+    low_open: bool = False
+    nullable: bool = False
+    also: tuple = ()  # other accepted values (e.g. -1 = never)
+
+    def describe(self) -> str:
+        want = {int: "an integer", float: "a number", bool: "true or false"}[self.kind]
+        if self.low is not None and self.high is not None:
+            want += f" in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        elif self.low is not None:
+            want += f" {'>' if self.low_open else '>='} {self.low:g}"
+        extra = [repr(v) for v in self.also] + (["null"] if self.nullable else [])
+        return want + (f" (or {' / '.join(extra)})" if extra else "")
+
+    def accepts(self, value: Any) -> bool:
+        if value is None:
+            return self.nullable
+        if value in self.also and not isinstance(value, bool):
+            return True
+        if self.kind is bool:
+            return isinstance(value, bool)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if self.kind is int and not isinstance(value, int):
+            return False
+        if not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+
+_POS_INT = {"kind": int, "low": 1}
+VERL_KEYS: tuple[VerlKey, ...] = (
+    VerlKey("data.train_batch_size", **_POS_INT),
+    VerlKey("data.gen_batch_size", **_POS_INT, nullable=True),
+    VerlKey("data.max_prompt_length", **_POS_INT),
+    VerlKey("data.max_response_length", **_POS_INT),
+    VerlKey("actor_rollout_ref.rollout.n", **_POS_INT),
+    VerlKey("actor_rollout_ref.actor.optim.lr", float, low=0, low_open=True),
+    VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, low=0),
+    VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, low=0, high=1),
+    VerlKey("actor_rollout_ref.actor.ppo_mini_batch_size", **_POS_INT),
+    VerlKey("actor_rollout_ref.actor.ppo_epochs", **_POS_INT),
+    VerlKey("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
+    VerlKey("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", **_POS_INT),
+    VerlKey("actor_rollout_ref.actor.use_dynamic_bsz", bool),
+    VerlKey("actor_rollout_ref.actor.use_kl_loss", bool),
+    VerlKey("actor_rollout_ref.actor.kl_loss_coef", float, low=0),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_low", float, low=0),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_high", float, low=0),
+    VerlKey("actor_rollout_ref.actor.fsdp_config.param_offload", bool),
+    VerlKey("actor_rollout_ref.actor.fsdp_config.optimizer_offload", bool),
+    VerlKey("actor_rollout_ref.ref.fsdp_config.param_offload", bool),
+    VerlKey("actor_rollout_ref.rollout.gpu_memory_utilization", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.tensor_model_parallel_size", **_POS_INT),
+    VerlKey("actor_rollout_ref.rollout.temperature", float, low=0),
+    VerlKey("actor_rollout_ref.rollout.top_p", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", bool),
+    VerlKey("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
+    VerlKey("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", **_POS_INT),
+    VerlKey("actor_rollout_ref.rollout.val_kwargs.n", **_POS_INT),
+    VerlKey("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", bool),
+    VerlKey("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
+    VerlKey("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", **_POS_INT),
+    VerlKey("trainer.nnodes", **_POS_INT),
+    VerlKey("trainer.n_gpus_per_node", **_POS_INT),
+    VerlKey("trainer.total_epochs", **_POS_INT),
+    VerlKey("trainer.total_training_steps", **_POS_INT, nullable=True),
+    VerlKey("trainer.save_freq", **_POS_INT, also=(-1, 0)),
+    VerlKey("trainer.test_freq", **_POS_INT, also=(-1, 0)),
+    VerlKey("trainer.max_actor_ckpt_to_keep", **_POS_INT, nullable=True),
+    VerlKey("trainer.val_before_train", bool),
+    VerlKey("transfer_queue.backend.SimpleStorage.num_data_storage_units", **_POS_INT),
+)
+NAME_KEYS = ("trainer.project_name", "trainer.experiment_name")
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def check_verl_keys(config: DictConfig, table: tuple[VerlKey, ...] = VERL_KEYS) -> None:
+    """Refuse a wrongly typed or out-of-range value of a verl key users set (:data:`VERL_KEYS`), the
+    run's names (letters, digits, ``._-``: they name its folder) and ``trainer.logger``, naming each.
+
+    Runs first, so a bad value is blamed on the key the user set, not on a check downstream of it
+    (``actor_rollout_ref.rollout.n=0`` is not reported as ``gdro.rollout.n_min > n_mean``).
+    """
+    bad = []
+    for spec in table:
+        try:
+            value = OmegaConf.select(config, spec.key, default="<absent>", throw_on_missing=True)
+        except Exception:  # noqa: BLE001 - ??? (check_required_keys names it) or a broken interpolation
+            continue
+        if isinstance(value, str) and value == "<absent>":
+            continue
+        if not spec.accepts(value):
+            bad.append(f"{spec.key}={value!r} must be {spec.describe()}")
+    for key in NAME_KEYS:
+        value = OmegaConf.select(config, key, default=None)
+        if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
+            bad.append(f"{key}={value!r} may use letters, digits, '.', '_' and '-' only (it names the run's folder)")
+    bad.extend(_logger_problems(config))
+    if bad:
+        raise GDRORecipeError("; ".join(bad))
+
+
+def _logger_problems(config: DictConfig) -> list[str]:
+    from verl.utils.tracking import Tracking
+
+    value = OmegaConf.select(config, "trainer.logger", default=None)
+    loggers = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
+    known = list(Tracking.supported_backend)
+    if not loggers or any(not isinstance(x, str) or x not in known for x in loggers):
+        shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+        return [f"trainer.logger={shown!r} must be a non-empty list of {', '.join(known)} (e.g. trainer.logger=[console,wandb])"]
+    return []
 
 
 # --------------------------------------------------------------------------------------- required keys
@@ -142,7 +279,7 @@ def build_gdro_config(config: DictConfig) -> GDROConfig:
             "(config recipe/gdro/config/gdro_trainer.yaml), not verl's main_ppo"
         )
     section = OmegaConf.to_container(config.gdro, resolve=True)
-    gdro = gdro_config_from_dict(section)
+    gdro = gdro_config_from_dict(split_gdro_section(section)[0])
     n = config.actor_rollout_ref.rollout.n
     if gdro.rollout.n_mean != n:
         raise GDRORecipeError(
@@ -151,6 +288,109 @@ def build_gdro_config(config: DictConfig) -> GDROConfig:
             "gdro.rollout.n_mean at its default (${actor_rollout_ref.rollout.n})"
         )
     return gdro
+
+
+def build_recipe_config(config: DictConfig) -> RecipeConfig:
+    """The validated recipe keys of the ``gdro`` section (``dry_run``, ``metrics_file``, ``backend``)."""
+    section = OmegaConf.to_container(config.gdro, resolve=True) if "gdro" in config else {}
+    return recipe_config_from_dict(split_gdro_section(section)[1])
+
+
+# --------------------------------------------------------------------------------------- output paths
+def _blocking_file(path: str) -> Optional[str]:
+    """The first existing ancestor of ``path`` (or ``path`` itself) that is not a directory, if any."""
+    p = os.path.abspath(os.path.expanduser(path))
+    while True:
+        if os.path.exists(p):
+            return None if os.path.isdir(p) else p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    return p
+
+
+def check_output_paths(config: DictConfig, recipe: RecipeConfig, *, launch: bool) -> list[str]:
+    """Refuse output paths that cannot be created: ``trainer.default_local_dir`` (checkpoints) below a
+    plain file, or ``gdro.metrics_file`` naming a directory or below a plain file. With ``launch``
+    (a real launch, on the machine that trains) the nearest existing folder must also be writable;
+    a dry run on another machine does not ask that. Remote (``scheme://``) folders are not checked.
+    Returns the paths checked."""
+    local_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    if not isinstance(local_dir, str) or not local_dir or "://" in local_dir:
+        return []
+    checked = [local_dir]
+    blocker = _blocking_file(local_dir)
+    if blocker is not None:
+        raise GDRORecipeError(
+            f"trainer.default_local_dir={local_dir}: {blocker} is a file, not a folder, so the checkpoint folder "
+            "cannot be created there"
+        )
+    if recipe.metrics_file:
+        target = os.path.join(os.path.expanduser(local_dir), recipe.metrics_file)
+        checked.append(target)
+        if os.path.isdir(target):
+            raise GDRORecipeError(
+                f"gdro.metrics_file={recipe.metrics_file!r}: {target} is a directory; name a file (or '' to disable)"
+            )
+        blocker = _blocking_file(os.path.dirname(target))
+        if blocker is not None:
+            raise GDRORecipeError(
+                f"gdro.metrics_file={recipe.metrics_file!r}: {blocker} is a file, not a folder, so {target} cannot be "
+                "created"
+            )
+    if launch:
+        base = _nearest_existing(local_dir)
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise GDRORecipeError(
+                f"trainer.default_local_dir={local_dir}: {base} is not writable by this user, so the checkpoint "
+                "folder cannot be created"
+            )
+    return checked
+
+
+# --------------------------------------------------------------------------------------- launch only
+def check_local_model(config: DictConfig) -> Optional[str]:
+    """A real launch from a local model folder (``actor_rollout_ref.model.path`` starting with ``/``, ``.``
+    or ``~``): it must hold a ``config.json`` here (and at the same path on every node). A hub id is
+    not checked (verl downloads it). A dry run does not call this (the model may live on the cluster
+    only). Returns the folder checked, if any."""
+    path = OmegaConf.select(config, "actor_rollout_ref.model.path", default=None)
+    if not isinstance(path, str) or not path.startswith(("/", ".", "~")):
+        return None
+    folder = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        raise GDRORecipeError(
+            f"actor_rollout_ref.model.path={path}: no config.json in {folder} (a local model folder must exist, at "
+            "the same path on every node)"
+        )
+    return folder
+
+
+def check_ray_cluster(config: DictConfig, environ=os.environ) -> Optional[str]:
+    """A real launch on ``trainer.nnodes`` > 1 needs a running Ray cluster to join (``ray start`` on every
+    node, or ``RAY_ADDRESS``); otherwise verl starts a one-node Ray and waits for nodes that never come."""
+    nnodes = int(config.trainer.nnodes)
+    if nnodes <= 1 or environ.get("RAY_ADDRESS"):
+        return None
+    try:
+        from ray._private.services import find_gcs_addresses
+
+        running = bool(find_gcs_addresses())
+    except Exception:  # noqa: BLE001 - a Ray without this helper: let ray.init decide
+        return None
+    if not running:
+        raise GDRORecipeError(
+            f"trainer.nnodes={nnodes} needs a running Ray cluster: 'ray start --head' on this node and "
+            "'ray start --address=<head>:6379' on the others (docs/cluster.md, \"Multi-node\"), or set RAY_ADDRESS"
+        )
+    return "running"
 
 
 # --------------------------------------------------------------------------------------- modes
@@ -382,14 +622,51 @@ def _read_table(path: str, columns: list[str]):
                 f"data.train_files: {path} is not a readable parquet file: {type(e).__name__}: {e}"
             ) from None
     if path.endswith(".json") or path.endswith(".jsonl"):
-        import pandas as pd
-
-        frame = pd.read_json(path, lines=path.endswith(".jsonl"))
+        frame = _read_json(path, "data.train_files")
         return pa.Table.from_pandas(frame[[c for c in columns if c in frame.columns]], preserve_index=False)
     raise GDRORecipeError(
         f"data.train_files: {path} is not a parquet, json or jsonl file (verl's RLHFDataset reads those, by file "
         "suffix); data_prep/dapo.py writes parquet"
     )
+
+
+def _read_json(path: str, key: str):
+    """A JSON / JSON-lines file as pandas reads it for verl, or :class:`GDRORecipeError` naming it."""
+    import pandas as pd
+
+    try:
+        return pd.read_json(path, lines=path.endswith(".jsonl"))
+    except Exception as e:  # noqa: BLE001 - UnicodeDecodeError (a parquet named .jsonl), ValueError, ...
+        raise GDRORecipeError(
+            f"{key}: {path} is not a readable {'JSON-lines' if path.endswith('.jsonl') else 'JSON'} file "
+            f"(verl picks the reader by file suffix): {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        ) from None
+
+
+# The binner keeps dense per-prompt arrays indexed by extra_info.index (verl_ext.binner: a ring of
+# `window` visits x (correct, rollouts) uint16 plus 4 int32 of metadata), so the largest id sets its
+# memory. Ids are refused when those arrays would pass this bound; data_prep numbers prompts 0..N-1.
+MAX_BINNER_BYTES = 1 << 30
+
+
+def binner_bytes(num_prompts: int, window: int) -> int:
+    """Bytes of the binner's per-prompt arrays for ids in [0, num_prompts)."""
+    return int(num_prompts) * (4 * int(window) + 16)
+
+
+def check_id_range(ids: np.ndarray, window: int, what: str) -> None:
+    """Refuse ids whose largest value would size the binner's arrays beyond :data:`MAX_BINNER_BYTES`."""
+    if not len(ids):
+        return
+    top = int(ids.max())
+    need = binner_bytes(top + 1, window)
+    if need > MAX_BINNER_BYTES:
+        row = int(np.argmax(ids == top))
+        raise PromptIdError(
+            f"{what}: row {row} has extra_info.index {top}; the binner sizes its arrays by the largest id "
+            f"({need / 2**30:,.0f} GiB for {len(ids)} prompts at gdro.binner.window={window}, bound "
+            f"{MAX_BINNER_BYTES / 2**30:g} GiB). Number the prompts 0..N-1 (data_prep does)"
+        )
 
 
 def prompt_ids_of_table(table, what: str) -> np.ndarray:
@@ -458,6 +735,8 @@ def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -
     ids = np.concatenate(all_ids)
     if len(checked) > 1:
         check_prompt_ids(ids, what=f"train files {checked} (concatenated) extra_info.index")
+    window = OmegaConf.select(config, "gdro.binner.window", default=50)
+    check_id_range(ids, window if isinstance(window, int) and window > 0 else 50, f"train file(s) {', '.join(checked)}")
     num_prompts = int(ids.max()) + 1 if len(ids) else None
     return DataCheck(num_prompts, len(ids), checked, not_checked, data_sources)
 
@@ -558,7 +837,13 @@ def validate_verl_config(config: DictConfig) -> list[str]:
 
     ran = []
     auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    try:
+        validate_config(
+            config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+        )
+    except Exception as e:  # noqa: BLE001 - verl asserts, raises ValueError / TypeError / Hydra errors
+        message = " ".join(str(e).split()) or type(e).__name__
+        raise GDRORecipeError(f"verl refuses the config ({type(e).__name__}): {message[:500]}") from None
     ran.append("verl validate_config")
     for key in ("algorithm", "actor_rollout_ref.rollout"):
         try:
@@ -622,26 +907,35 @@ class DataFiles:
     notes: list[str] = field(default_factory=list)
 
 
-def count_rows(path: str, key: str) -> int:
-    """Rows of a local data file as verl's RLHFDataset reads it (parquet, json or jsonl, by suffix).
+def count_rows(path: str, key: str, columns: tuple[str, ...] = ()) -> int:
+    """Rows of a local data file as verl's RLHFDataset reads it (parquet, json or jsonl, by suffix),
+    after checking it has ``columns`` (e.g. ``data.prompt_key``).
 
-    A file of another kind, or one that does not parse, is a :class:`GDRORecipeError` naming it.
+    A file of another kind, one that does not parse, or one without a required column is a
+    :class:`GDRORecipeError` naming the file (and the column).
     """
     local = _local_path(path)
     if local.endswith(".parquet"):
         import pyarrow.parquet as pq
 
         try:
-            return pq.ParquetFile(local).metadata.num_rows
+            meta = pq.ParquetFile(local)
+            names, rows = meta.schema_arrow.names, meta.metadata.num_rows
         except Exception as e:  # noqa: BLE001 - ArrowInvalid, OSError, ...
             raise GDRORecipeError(f"{key}: {path} is not a readable parquet file: {type(e).__name__}: {e}") from None
-    if local.endswith((".json", ".jsonl")):
-        import pandas as pd
-
-        try:
-            return len(pd.read_json(local, lines=local.endswith(".jsonl")))
-        except Exception as e:  # noqa: BLE001
-            raise GDRORecipeError(f"{key}: {path} is not a readable JSON file: {type(e).__name__}: {e}") from None
+    elif local.endswith((".json", ".jsonl")):
+        frame = _read_json(local, key)
+        names, rows = list(frame.columns), len(frame)
+    else:
+        names = None
+    if names is not None:
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise GDRORecipeError(
+                f"{key}: {path} has no column {', '.join(repr(c) for c in missing)} (data.prompt_key); its columns: "
+                f"{', '.join(map(str, names)) or 'none'}"
+            )
+        return rows
     raise GDRORecipeError(
         f"{key}: {path} is not a parquet, json or jsonl file (verl's RLHFDataset reads those, by file suffix); "
         "data_prep/dapo.py and data_prep/eval_sets.py write parquet"
@@ -666,7 +960,7 @@ def check_dry_run_data(config: DictConfig, *, config_only: bool) -> DataFiles:
             if not os.path.exists(_local_path(path)):
                 found.missing.append((key, path))
                 continue
-            rows = count_rows(path, key)
+            rows = count_rows(path, key, columns=(str(config.data.get("prompt_key", "prompt")),))
             if key == "data.train_files":
                 found.train_rows += rows
                 found.train_found.append(path)
@@ -704,22 +998,50 @@ class Prepared:
     data: Optional[DataCheck]
     reward: Optional[RewardProbe]
     verl_checks: list[str]
-    files: Optional[DataFiles] = None  # set by a dry run (check_dry_run_data)
+    files: Optional[DataFiles] = None  # set when prepare() checked the data files (dry run, launch)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
 
 
-def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks: bool = True) -> Prepared:
-    """Run every start-up check (see the module docstring); raise on the first failure."""
+DATA_REQUIRED = "required"  # every local data file must exist and hold >= data.train_batch_size prompts
+DATA_LISTED = "listed"  # missing files and a too-small training set are notes (gdro.dry_run=config)
+
+
+def prepare(
+    config: DictConfig,
+    *,
+    require_files: bool = False,
+    run_verl_checks: bool = True,
+    data_files: Optional[str] = None,
+    launch: bool = False,
+) -> Prepared:
+    """Run every start-up check (see the module docstring); raise on the first failure.
+
+    ``data_files`` (:data:`DATA_REQUIRED` or :data:`DATA_LISTED`) also checks the data files
+    (:func:`check_dry_run_data`) before the budget, so a batch larger than the data is reported as
+    too little data. ``launch`` (a real launch, on the machine that trains) adds the checks a dry run
+    on another machine cannot make: a writable checkpoint folder, a local model folder that holds a
+    model, a running Ray cluster for several nodes.
+    """
+    check_verl_keys(config)
     check_required_keys(config)
     check_layout(config)
+    recipe = build_recipe_config(config)
     gdro = build_gdro_config(config)
+    check_output_paths(config, recipe, launch=launch)
+    if launch:
+        check_local_model(config)
+        check_ray_cluster(config)
     check_supported_modes(config, gdro)
+    files = check_dry_run_data(config, config_only=data_files == DATA_LISTED) if data_files else None
     budget = check_budget(config, gdro)
     data = reward = None
     if gdro_runs(config, gdro):
         data = check_train_prompt_ids(config, require_files=require_files)
         reward = probe_reward_acc(config, data)
     verl_checks = validate_verl_config(config) if run_verl_checks else []
-    return Prepared(gdro=gdro, budget=budget, data=data, reward=reward, verl_checks=verl_checks)
+    return Prepared(
+        gdro=gdro, budget=budget, data=data, reward=reward, verl_checks=verl_checks, files=files, recipe=recipe
+    )
 
 
 __all__ = [
@@ -728,6 +1050,15 @@ __all__ = [
     "Prepared",
     "PromptIdError",
     "build_gdro_config",
+    "build_recipe_config",
+    "check_id_range",
+    "check_local_model",
+    "check_output_paths",
+    "check_ray_cluster",
+    "check_verl_keys",
+    "VERL_KEYS",
+    "DATA_LISTED",
+    "DATA_REQUIRED",
     "check_budget",
     "check_supported_modes",
     "check_dry_run_data",

@@ -10,10 +10,12 @@ from dataclasses import MISSING, fields, is_dataclass
 from typing import Any, Optional, Sequence
 
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.startup.checks import GDRORecipeError
-from verl_ext import GDROConfig
+from recipe.gdro.startup.recipe_config import DryRun, recipe_config_from_dict, recipe_keys_help
+from verl_ext import GDROConfig, GDROConfigError
+from verl_ext.config import Choice
 
 CONFIG_MODULE = "recipe.gdro.config"
 CONFIG_NAME = "gdro_trainer"
@@ -31,34 +33,29 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 # ----------------------------------------------------------------------------------- dry-run modes
-DRY_RUN_CONFIG_ONLY = "config"
-_FALSE = ("false", "0", "no", "off", "null", "none", "")
-_TRUE = ("true", "1", "yes", "on")
+DRY_RUN_CONFIG_ONLY = DryRun.config.value
 
 
 def dry_run_mode(config: DictConfig) -> Optional[str]:
     """``None`` (no dry run), ``"full"`` (``gdro.dry_run=true``: config and data) or ``"config"``
-    (``gdro.dry_run=config``: the configuration alone). ``config`` is normalised to
-    ``gdro.dry_run=true`` so the gdro section still validates as a boolean."""
+    (``gdro.dry_run=config``: the configuration alone). Anything else is a :class:`GDRORecipeError`
+    naming the key (:class:`recipe.gdro.startup.recipe_config.DryRun` lists the choices)."""
     value = OmegaConf.select(config, "gdro.dry_run", default=False)
-    if isinstance(value, str) and value.strip().lower() == DRY_RUN_CONFIG_ONLY:
-        with open_dict(config):
-            config.gdro.dry_run = True
-        return DRY_RUN_CONFIG_ONLY
-    if isinstance(value, str) and value.strip().lower() not in _TRUE + _FALSE:
-        raise GDRORecipeError(
-            f"gdro.dry_run={value!r}: use true (check config and data), config (the configuration alone) or false"
-        )
-    return "full" if value is True or (isinstance(value, str) and value.strip().lower() in _TRUE) else None
+    try:
+        mode = recipe_config_from_dict({"dry_run": value}).dry_run
+    except GDROConfigError as e:
+        raise GDRORecipeError(str(e).removeprefix("gdro config: ")) from None
+    return {DryRun.false: None, DryRun.true: "full", DryRun.config: DRY_RUN_CONFIG_ONLY}[mode]
 
 
 def argv_dry_run(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for a dry run (the last ``gdro.dry_run=`` override wins)."""
+    """Whether the command line asks for anything but ``gdro.dry_run=false`` (the last override wins);
+    a value that is not a choice counts as a dry run, so it is refused without Hydra's job runtime."""
     found = False
     for arg in argv:
         m = re.fullmatch(r"\+{0,2}gdro\.dry_run=(.*)", arg)
         if m:
-            found = m.group(1).strip().strip("'\"").lower() not in _FALSE
+            found = m.group(1).strip().strip("'\"").lower() != "false"
     return found
 
 
@@ -87,8 +84,8 @@ def did_you_mean(full_key: str, base: Optional[DictConfig] = None) -> str:
 
 
 def report_compose_error(error: BaseException, argv: Sequence[str], stream=None) -> int:
-    """Print a Hydra composition error; an unknown ``gdro.*`` key or config-group choice
-    (``size=9b``) exits 2 naming it, others 1."""
+    """Print a Hydra composition error on one line and return 2: an unknown key (with a did-you-mean)
+    or config-group choice (``size=9b``) is named; verl's keys are refused like the recipe's."""
     from hydra.errors import MissingConfigException
 
     stream = stream or sys.stderr
@@ -112,10 +109,11 @@ def report_compose_error(error: BaseException, argv: Sequence[str], stream=None)
                 f"gdro: error: unknown key {key}{hint} (python -m recipe.gdro.main_gdro --help lists them)", file=stream
             )
             return 2
-        print(f"gdro: error: unknown key {key}{hint} (Hydra: {error}; `+{key}=...` adds a new key)", file=stream)
-        return 1
-    print(f"gdro: error: {type(error).__name__}: {error}", file=stream)
-    return 1
+        print(f"gdro: error: unknown key {key}{hint} (`+{key}=...` adds a new key; --help-all lists verl's)", file=stream)
+        return 2
+    message = " ".join(str(error).split())
+    print(f"gdro: error: {type(error).__name__}: {message[:500]}", file=stream)
+    return 2
 
 
 # ----------------------------------------------------------------------------------- --help
@@ -136,8 +134,8 @@ ppo_trainer with a gdro: section). Every argument is a Hydra override, e.g.
   --help-all            Hydra's help with every verl key (~1,100 lines)
   --hydra-help          Hydra's own options (--cfg, --multirun, ...)
 
-Exit status: 0 ok; 2 a setting or data file the checks refuse (named in the message);
-1 verl's validation or Hydra fails.
+Exit status: 0 ok; 2 a setting, key or data file refused before anything starts (named in the
+message, verl's keys included).
 """
 
 
@@ -148,6 +146,8 @@ def _help_text(f) -> str:
 
 
 def _default(f) -> Any:
+    if isinstance(f.default, Choice):
+        return f.default.value
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:  # type: ignore[misc]
@@ -192,7 +192,7 @@ def format_help(width: int = 100) -> str:
     import textwrap
 
     groups = "\n".join(f"    {g}={'|'.join(c)}  {GROUPS[g]}" for g, c in config_groups().items())
-    rows = gdro_keys_help()
+    rows = gdro_keys_help() + recipe_keys_help()
     key_w = max(len(k) for k, _, _ in rows)
     def_w = min(max(len(d) for _, d, _ in rows), 14)
     out = [USAGE.format(groups=groups), "gdro: keys (default, meaning):"]

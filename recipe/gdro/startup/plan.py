@@ -3,6 +3,7 @@ checks' results (:class:`recipe.gdro.startup.checks.Prepared`), and the resolved
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any, Sequence
 
@@ -12,6 +13,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from recipe.gdro.startup.checks import Prepared, gdro_runs, observes_only
 from verl_ext import gdro_config_to_dict
+from verl_ext.config import _plain
 
 # Resolved verl keys the dry run prints (one "key: value" line each, greppable by launch-script tests).
 RESOLVED_KEYS = (
@@ -116,8 +118,9 @@ def format_plan(config: DictConfig, prepared: Prepared, state_file: str) -> str:
     trainer_cls = "recipe.gdro.trainer.GDROTrainerSync" if mode == "sync" else f"verl's {mode} trainer (GDRO off)"
     steps = _select(config, "trainer.total_training_steps")
     epochs = _select(config, "trainer.total_epochs")
-    title = "dry run (no Ray, no GPU, model not loaded)" if g.dry_run else "start-up checks passed"
-    if g.dry_run and prepared.files is not None and prepared.files.notes:
+    rc = prepared.recipe
+    title = "dry run (no Ray, no GPU, model not loaded)" if rc.is_dry_run else "start-up checks passed"
+    if rc.is_dry_run and prepared.files is not None and prepared.files.notes:
         title = "dry run, configuration only (no Ray, no GPU, model not loaded; data not required)"
     out = ["=" * 78, f"GDRO recipe - {title}", "=" * 78]
     out.append(f"model        {model}")
@@ -197,10 +200,16 @@ def format_plan(config: DictConfig, prepared: Prepared, state_file: str) -> str:
     for note in b.notes:
         out.append(f"note         {note}")
     local_dir = _select(config, "trainer.default_local_dir")
+    out.append(
+        f"run          {_select(config, 'trainer.project_name')}/{_select(config, 'trainer.experiment_name')}; "
+        f"logger {_select(config, 'trainer.logger')}"
+    )
     if gdro_runs(config, g):
-        metrics_file = f"{local_dir}/{g.metrics_file}" if g.metrics_file else "(disabled: gdro.metrics_file='')"
+        metrics_file = f"{local_dir}/{rc.metrics_file}" if rc.metrics_file else "(disabled: gdro.metrics_file='')"
         out.append(f"checkpoints  {local_dir}/global_step_N/{state_file} with verl's checkpoint")
-        out.append(f"metrics      gdro/* via verl's logger {_select(config, 'trainer.logger')}; JSONL {metrics_file}")
+        out.append(f"metrics      gdro/* via verl's logger; JSONL {metrics_file}")
+    else:
+        out.append(f"checkpoints  {local_dir}/global_step_N (verl's)")
     out.append(f"verl checks  {', '.join(prepared.verl_checks) or 'skipped'}: passed")
     return "\n".join(out)
 
@@ -217,7 +226,11 @@ def print_dry_run(
     print(resolved_keys_yaml(config), file=stream)
     print("-" * 78, file=stream)
     print("resolved gdro section:", file=stream)
-    section = yaml.safe_dump({"gdro": gdro_config_to_dict(prepared.gdro)}, sort_keys=False, default_flow_style=False)
+    recipe = {k: _plain(v) for k, v in dataclasses.asdict(prepared.recipe).items()}
+    recipe["dry_run"] = {"true": True, "false": False}.get(recipe["dry_run"], recipe["dry_run"])
+    section = yaml.safe_dump(
+        {"gdro": {**gdro_config_to_dict(prepared.gdro), **recipe}}, sort_keys=False, default_flow_style=False
+    )
     print(section, file=stream, end="")
     print("=" * 78, file=stream)
     print("dry run OK: configuration valid; exiting without starting Ray.", file=stream)
