@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_bench_overhead_runs_and_prompt_gdro_adds_no_transferqueue_write():
     argv = ["--json", "--prompts", "16", "--n-mean", "4", "--tokens", "16", "--repeats", "1", "--steps", "1"]
     proc = subprocess.run(
-        [sys.executable, str(REPO / "run_scripts" / "bench_overhead.py"), *argv, "--warmup", "0"],
+        [sys.executable, "-m", "recipe.gdro.experiments.bench_overhead", *argv, "--warmup", "0"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -34,7 +34,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.startup.checks import GDROConfigError, GDRORecipeError, PromptIdError, prepare
+from recipe.gdro.startup.checks import DATA_REQUIRED, GDROConfigError, GDRORecipeError, PromptIdError, prepare
 from recipe.gdro.startup.cluster import (
     ATTN_MODULES,
     GroupSizeReport,
@@ -362,7 +362,7 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     try:
-        prepared = prepare(config)
+        prepared = prepare(config, data_files=DATA_REQUIRED, launch=True)  # the checks of a real launch
     except (GDROConfigError, GDRORecipeError, PromptIdError) as e:  # the start-up checks refuse: 2, as a launch
         print(f"gdro preflight: error: {e}", file=stderr)
         return 2
@@ -406,15 +406,31 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
     return 0
 
 
+PREFLIGHT_USAGE = """usage: python -m recipe.gdro.preflight [KEY=VALUE ...]
+
+Checks a GPU node in about a minute before a launch (PREFLIGHT=1 bash run_scripts/qwen3_<size>_<method>.sh
+passes the launch's exact overrides): the recipe's start-up checks as a real launch, the attention
+kernel, CUDA and vLLM on this node, the code and CPUs on every Ray node (and shared storage for
+several nodes), one round of verl's agent loop with Rollout-GDRO's smallest and largest counts.
+Every argument is a Hydra override, as for python -m recipe.gdro.main_gdro (its --help lists the
+config groups and the gdro.* keys). Exit status: 0 ok; 2 a check failed (named in the message)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    from recipe.gdro.startup.cli import compose_config
+    from recipe.gdro.startup.cli import compose_config, report_compose_error
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("--help", "-h") for a in args):
+        print(PREFLIGHT_USAGE)
+        return 0
+    unknown = [a for a in args if a.startswith("-")]
+    if unknown:
+        print(f"gdro preflight: error: unknown option {unknown[0]} (arguments are Hydra overrides; --help)", file=sys.stderr)
+        return 2
     try:
         config = compose_config(args)
     except Exception as e:  # noqa: BLE001 - Hydra's own override errors (e.g. an unknown key)
-        print(f"gdro preflight: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return report_compose_error(e, args)
     return run_preflight(config)
 
 

@@ -2,7 +2,7 @@
 
     python -m recipe.gdro.experiments.quickstart [--steps 30] [--runs grpo,joint_gdro] [--out quickstart_out]
 
-Each run is ``run_scripts/tiny_cpu.sh`` (``gdro.backend=cpu``: verl 0.9.1's v1 loop, the recipe's
+Each run is ``run_scripts/cpu_backend_tiny.sh`` (``gdro.backend=cpu``: verl 0.9.1's v1 loop, the recipe's
 trainer, the tiny LM sampled and trained on CPU) with the same data, seed, steps and rollout budget
 (64 prompts x 4 rollouts a step); only the adversaries differ. Its output is in ``<out>/<run>/``
 (``gdro_metrics.jsonl`` with training and validation lines, ``cpu_backend_stats.json``,
@@ -46,7 +46,7 @@ def _count_training_lines(path: Path) -> int:
 
 
 def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) -> float:
-    """Run tiny_cpu.sh for ``method``; a progress bar follows its metrics file. Returns the wall time (s)."""
+    """Run cpu_backend_tiny.sh for ``method``; a progress bar follows its metrics file. Returns the wall time (s)."""
     from tqdm import tqdm
 
     folder = out / method
@@ -58,7 +58,7 @@ def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) ->
     env = dict(os.environ, METHOD=method, DATA_DIR=str(data), OUT_DIR=str(folder))
     cmd = [
         "bash",
-        str(REPO / "run_scripts" / "tiny_cpu.sh"),
+        str(REPO / "run_scripts" / "cpu_backend_tiny.sh"),
         f"trainer.total_training_steps={steps}",
         "trainer.logger=[]",
         f"hydra.run.dir={folder / 'hydra'}",
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
     if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
         print(f"quickstart: --out {args.out}: {blocker} is not writable", file=sys.stderr)
         return 2
-    data = out / "data"  # made by the first tiny_cpu.sh run (its NUM_TRAIN / NUM_VAL defaults)
+    data = out / "data"  # made by the first cpu_backend_tiny.sh run (its NUM_TRAIN / NUM_VAL defaults)
     walls = {m: run_one(m, out, data, args.steps, extra) for m in methods}
     print(write_report(out, methods, walls, args.steps, args.install_seconds))
     print(f"[quickstart] report: {out / 'report.md'}")

@@ -174,9 +174,9 @@ def _logger_problems(config: DictConfig) -> list[str]:
     value = OmegaConf.select(config, "trainer.logger", default=None)
     loggers = list(value) if isinstance(value, (list, tuple, ListConfig)) else [value]
     known = list(Tracking.supported_backend)
-    if not loggers or any(not isinstance(x, str) or x not in known for x in loggers):
+    if any(not isinstance(x, str) or x not in known for x in loggers):  # [] is verl's "no tracking"
         shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
-        return [f"trainer.logger={shown!r} must be a non-empty list of {', '.join(known)} (e.g. trainer.logger=[console,wandb])"]
+        return [f"trainer.logger={shown!r} must be a list of {', '.join(known)} (e.g. trainer.logger=[console,wandb])"]
     return []
 
 

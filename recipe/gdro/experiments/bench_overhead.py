@@ -1,6 +1,6 @@
 """Driver-side cost of GDRO: the controller alone, and the recipe's real trainer overrides.
 
-    python run_scripts/bench_overhead.py --json
+    python -m recipe.gdro.experiments.bench_overhead --json
 
 Two measurements, side by side in one run (default shape: 512 prompts, mean 8 rollouts = 4096
 responses, response lengths uniform in 1..4096 tokens, so verl's padded width is 4096):
@@ -53,8 +53,6 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from verl_ext import GDROController, gdro_config_from_dict
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 N_14K = 14_116
 VARIANTS = {

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# A short real RL run on CPU: the shipped tiny LM (recipe/gdro/tinylm/base) trained on arithmetic
-# through verl 0.9.1's v1 loop with the CPU backend (gdro.backend=cpu, docs/cpu_backend.md).
+# A short real RL run on CPU with the in-process CPU backend (gdro.backend=cpu: the tiny LM's CPU
+# stand-ins for verl's GPU workers and LLM server, docs/cpu_backend.md): the shipped tiny LM
+# (recipe/gdro/tinylm/base) trained on arithmetic through verl 0.9.1's real v1 loop.
 #
-#   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/tiny_cpu.sh [hydra overrides...]
+#   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/cpu_backend_tiny.sh [hydra overrides...]
 #
-# Defaults: 64 prompts x 4 rollouts per step (one optimizer step each, lr 2e-4), 30 steps, validation (greedy, one sample per prompt)
-# before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith:
+# Defaults: 64 prompts x 4 rollouts per step (one optimizer step each, lr 1e-4), 30 steps, validation
+# (one sample per prompt at temperature 1) before training and every 10 steps; arithmetic data made on the fly (python -m data_prep.arith:
 # $NUM_TRAIN=640 training prompts, so each is revisited every 10 steps and the difficulty binner,
 # which keys prompts by id, can place them; $NUM_VAL=300) under $DATA_DIR (default tiny_cpu_data/); outputs (checkpoints, gdro_metrics.jsonl) under
 # $OUT_DIR (default tiny_cpu_out/$METHOD). Arguments are Hydra overrides and win over the defaults,
@@ -26,7 +27,7 @@ case "$METHOD" in
   prompt_gdro)  ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=false) ;;
   rollout_gdro) ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=true) ;;
   joint_gdro)   ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=true) ;;
-  *) echo "tiny_cpu.sh: METHOD=$METHOD: use grpo, prompt_gdro, rollout_gdro or joint_gdro" >&2; exit 2 ;;
+  *) echo "cpu_backend_tiny.sh: METHOD=$METHOD: use grpo, prompt_gdro, rollout_gdro or joint_gdro" >&2; exit 2 ;;
 esac
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then

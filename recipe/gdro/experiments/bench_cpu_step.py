@@ -1,7 +1,7 @@
 """Benchmark (not a test): one CPU-backend training step, split into its parts.
 
-    python run_scripts/bench_cpu_step.py [--steps 8] [--warmup 2] [--method rollout_gdro] [hydra overrides...]
-    python run_scripts/bench_cpu_step.py --compare [--rounds 2] ...   # verl's per-session path vs the backend's
+    python -m recipe.gdro.experiments.bench_cpu_step [--steps 8] [--warmup 2] [--method rollout_gdro] [hydra overrides...]
+    python -m recipe.gdro.experiments.bench_cpu_step --compare [--rounds 2] ...   # verl's per-session path vs the backend's
 
 Trains the shipped tiny base (recipe/gdro/tinylm/base) on arithmetic data made on the fly
 (``python -m data_prep.arith``) through ``gdro.backend=cpu`` -- verl's real v1 loop -- at 64 prompts x 4
@@ -29,14 +29,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 METHODS = {
     "grpo": [],
@@ -49,24 +46,16 @@ METHODS = {
 def make_data(folder: Path, num_train: int, num_val: int, seed: int = 0) -> tuple[Path, Path]:
     train, val = folder / "train.parquet", folder / "val.parquet"
     if not (train.exists() and val.exists()):
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "data_prep.arith",
-                f"--local_dir={folder}",
-                f"--num_train={num_train}",
-                f"--num_val={num_val}",
-                f"--seed={seed}",
-            ],
-            check=True,
-            cwd=REPO,
-        )
+        from data_prep import arith
+
+        argv = [f"--local_dir={folder}", f"--num_train={num_train}", f"--num_val={num_val}", f"--seed={seed}"]
+        if arith.main(argv) != 0:
+            raise SystemExit(2)
     return train, val
 
 
 def tiny_overrides(train: Path, val: Path, out: Path, *, batch: int = 64, n: int = 4, steps: int = 10) -> list[str]:
-    """The tiny CPU run's settings (the same as run_scripts/tiny_cpu.sh's, without validation)."""
+    """The tiny CPU run's settings (the same as run_scripts/cpu_backend_tiny.sh's, without validation)."""
     from recipe.gdro.tinylm.model import BASE_MODEL_DIR
 
     return [
