@@ -8,23 +8,30 @@ from pathlib import Path
 
 import yaml
 
-from verl_ext.config import GDROConfig
+from recipe.gdro.startup.recipe_config import RecipeConfig
+from verl_ext.config import Choice, GDROConfig
 
 REPO = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^\| `(gdro\.[a-z_.]+)` \| `([^`]*)` \|")
 
 
 def dataclass_defaults() -> dict[str, object]:
+    """Every ``gdro.*`` key: the controllers' (GDROConfig) and the recipe's (RecipeConfig); a typed
+    choice as the YAML its value reads as (DryRun.false -> false)."""
     out: dict[str, object] = {}
-    cfg = GDROConfig()
-    for field in dataclasses.fields(cfg):
-        value = getattr(cfg, field.name)
-        if dataclasses.is_dataclass(value):
-            for sub in dataclasses.fields(value):
-                out[f"gdro.{field.name}.{sub.name}"] = getattr(value, sub.name)
-        else:
-            out[f"gdro.{field.name}"] = value
+    for cfg in (GDROConfig(), RecipeConfig()):
+        for field in dataclasses.fields(cfg):
+            value = getattr(cfg, field.name)
+            if dataclasses.is_dataclass(value):
+                for sub in dataclasses.fields(value):
+                    out[f"gdro.{field.name}.{sub.name}"] = _plain(getattr(value, sub.name))
+            else:
+                out[f"gdro.{field.name}"] = _plain(value)
     return out
+
+
+def _plain(value):
+    return yaml.safe_load(value.value) if isinstance(value, Choice) else value
 
 
 def readme_table() -> dict[str, object]:

@@ -3,9 +3,9 @@
 The paper's protocol is Hydra YAML (recipe/gdro/config/size/, method/, protocol/, paper_exact*/);
 the scripts select ``size=<size> method=<method>`` and turn the environment into overrides.
 
-- The resolved config of every paper launch (12, also with PAPER_EXACT=1, and two launches that use
-  every environment variable) is compared with tests/fixtures/launch_configs.json, dumped from the
-  bash launcher before the protocol moved to YAML (tests/recipe_helpers/launch_configs.py).
+- The resolved config of every paper launch (12, also with paper_exact=on, and two launches that use
+  the variables the launcher reads and the overrides that replaced the others) is compared with
+  tests/fixtures/launch_configs.json (tests/recipe_helpers/launch_configs.py writes it).
 - The groups alone (``python -m recipe.gdro.main_gdro size=8b method=rollout_gdro``) hold the
   paper's values, composed in-process.
 - A few real dry runs through the scripts (``DRY_RUN=config``: composed, validated, printed, no data
@@ -191,7 +191,11 @@ def test_paper_exact_changes_only_the_released_settings():
         ("joint_gdro", rollout_keys | prompt_keys),
     ):
         default, exact = _groups("8b", method), _groups("8b", method, "paper_exact=on")
-        changed = {k for k in default if default[k] != exact[k]}
+        # the run's own name and folder (issue 27: a paper_exact run must not resume the default run)
+        names = {"trainer.experiment_name", "actor_rollout_ref.rollout.trace.experiment_name", "trainer.default_local_dir"}
+        assert exact["trainer.experiment_name"] == f"qwen3_8b_{method}_paper_exact"
+        assert exact["launch.variant"] == "_paper_exact"
+        changed = {k for k in default if default[k] != exact[k]} - names - {"launch.variant"}
         if "rollout" in method:
             assert {k: exact[f"gdro.rollout.{k}"] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
         if "prompt" in method:
@@ -220,6 +224,34 @@ def test_readme_line_without_the_scripts_runs_as_written(tmp_path, capsys):
     assert "dry run OK" in capsys.readouterr().out
 
 
+def test_readme_direct_launch_is_named_and_stored_as_the_scripts_run(tmp_path, monkeypatch, stub_python):
+    """The README's direct main_gdro command gets the scripts' project, experiment, logger and checkpoint
+    folder (from the config, not from bash), so the README's next command, results.table on
+    $HOME/gdro_ckpt/gdro/qwen3_8b_*, finds the run; before, it ran as verl_examples/gsm8k under ./checkpoints."""
+    from omegaconf import OmegaConf
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    readme = (REPO / "README.md").read_text()
+    direct = shlex.split(README_LINE.search(readme).group(1).replace("$HOME", str(home)))[3:]
+    table_glob = re.search(r"python -m recipe\.gdro\.results\.table (\$HOME/\S+)`", readme).group(1)
+    config = compose_config(direct)
+    direct_keys = {k: OmegaConf.select(config, k) for k in ("trainer.project_name", "trainer.experiment_name")}
+    assert direct_keys == {"trainer.project_name": "gdro", "trainer.experiment_name": "qwen3_8b_rollout_gdro"}
+    assert list(config.trainer.logger) == ["console"]
+    folder = Path(config.trainer.default_local_dir)
+    assert folder == home / "gdro_ckpt" / "gdro" / "qwen3_8b_rollout_gdro"
+    assert folder.match(table_glob.replace("$HOME/", "*/"))
+    # the script resolves to the same names (it passes no name, project, logger or folder of its own)
+    stub, read = stub_python
+    proc = run_script(script_path("8b", "rollout_gdro"), env=clean_env(PYTHON=str(stub), HOME=str(home)), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    scripted = compose_config(read()[2:])
+    assert scripted.trainer.default_local_dir == str(folder)
+    assert scripted.trainer.experiment_name == "qwen3_8b_rollout_gdro" and scripted.trainer.project_name == "gdro"
+    assert not home.exists()  # composing wrote nothing
+
+
 # ------------------------------------------------------------------------ dry runs through the scripts
 CUSTOM_ARGS = (
     "data.train_batch_size=128",
@@ -231,33 +263,40 @@ CUSTOM_ARGS = (
 DRY_SCRIPTS = [("1.7b", "grpo"), ("4b", "prompt_gdro"), ("8b", "rollout_gdro")]
 
 
+def custom_args(tmp: Path) -> tuple[str, ...]:
+    """What the removed MODEL_PATH / CKPT_DIR / NNODES / ... variables did, as Hydra arguments."""
+    return (
+        "actor_rollout_ref.model.path=/models/my-qwen3",
+        f"launch.ckpt_root={tmp}/custom_ckpt",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=4",
+        "trainer.project_name=myproj",
+        "trainer.experiment_name=myexp",
+        "trainer.logger=[console,tensorboard]",
+    )
+
+
 @pytest.fixture(scope="session")
 def dry_runs(tmp_path_factory):
     """The scripts' dry runs, started at once (a few in parallel); tests pick their result."""
     tmp = tmp_path_factory.mktemp("run_scripts")
     empty_data = tmp / "no_data"  # a config-only dry run must not need the data files
     empty_data.mkdir()
-    base = clean_env(
-        DRY_RUN="config", PYTHON=sys.executable, DATA_DIR=str(empty_data), CKPT_DIR=str(tmp / "ckpt"), LOGGER="console"
-    )
+    base = clean_env(DRY_RUN="config", PYTHON=sys.executable, DATA_DIR=str(empty_data), HOME=str(tmp / "home"))
     custom_data = tmp / "custom_data"
     write_train_parquet(custom_data / "train.parquet")
     custom_env = clean_env(
         DRY_RUN="config",  # 8 prompts < batch 128 and no eval files: listed, not refused
         PYTHON=sys.executable,
-        MODEL_PATH="/models/my-qwen3",
         DATA_DIR=str(custom_data),
         EVAL_SETS="math500,aime2024",
-        CKPT_DIR=str(tmp / "custom_ckpt"),
-        NNODES="2",
-        N_GPUS_PER_NODE="4",
-        PROJECT_NAME="myproj",
-        EXPERIMENT_NAME="myexp",
-        LOGGER="console,tensorboard",
+        HOME=str(tmp / "home"),
     )
     jobs = {key: (script_path(*key), (), base) for key in DRY_SCRIPTS}
-    jobs["custom"] = (script_path("1.7b", "rollout_gdro"), CUSTOM_ARGS, custom_env)
+    jobs["custom"] = (script_path("1.7b", "rollout_gdro"), CUSTOM_ARGS + custom_args(tmp), custom_env)
     jobs["typo"] = (script_path("1.7b", "rollout_gdro"), ("gdro.rollout.n_mn=2",), base)
+    # issue 27: a group override on a script trains Prompt-GDRO, and must be named and stored as such
+    jobs["regroup"] = (script_path("8b", "rollout_gdro"), ("method=prompt_gdro", "paper_exact=on"), base)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
     futures = {key: pool.submit(run_script, s, a, env=e, cwd=tmp) for key, (s, a, e) in jobs.items()}
     yield {"futures": futures, "tmp": tmp, "custom_data": custom_data}
@@ -275,12 +314,13 @@ def test_script_dry_run_passes_the_recipe_checks(dry_runs, size, method):
     assert "dry run OK" in proc.stdout
     keys, gdro = parse_dry_run(proc.stdout)
     assert keys["trainer.experiment_name"] == f"qwen3_{size}_{method}"
-    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/ckpt/gdro/qwen3_{size}_{method}"
+    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/home/gdro_ckpt/gdro/qwen3_{size}_{method}"
     data_dir = dry_runs["tmp"] / "no_data"
     assert keys["data.train_files"] == f"{data_dir}/train.parquet"
     assert keys["data.val_files"] == [f"{data_dir}/eval/{name}.parquet" for name in EVAL_SETS]
     assert keys["actor_rollout_ref.model.path"] == SIZES[size][0]
-    assert gdro["dry_run"] is True
+    assert gdro["dry_run"] == "config"
+    assert not (dry_runs["tmp"] / "home" / "gdro_ckpt").exists()  # a dry run creates no checkpoint folder
     # the budget divides: no padded rows
     assert "1024 responses/step" in proc.stdout
     assert "padding rows/step: 0" in proc.stdout
@@ -299,7 +339,7 @@ def test_environment_and_argument_overrides_win(dry_runs):
     # the rest of the protocol is untouched
     assert keys["actor_rollout_ref.rollout.n"] == 4
     assert keys["actor_rollout_ref.actor.clip_ratio_high"] == 0.28
-    # environment variables
+    # the arguments that replaced the removed environment variables
     assert keys["actor_rollout_ref.model.path"] == "/models/my-qwen3"
     assert keys["trainer.nnodes"] == 2
     assert keys["trainer.n_gpus_per_node"] == 4
@@ -309,12 +349,29 @@ def test_environment_and_argument_overrides_win(dry_runs):
     data = dry_runs["custom_data"]
     assert keys["data.train_files"] == f"{data}/train.parquet"
     assert keys["data.val_files"] == [f"{data}/eval/math500.parquet", f"{data}/eval/aime2024.parquet"]
-    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/custom_ckpt/myproj/myexp"
+    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/custom_ckpt/myproj/myexp"  # follows the names
     # the training file existed, so the recipe checked its prompt ids and probed the reward
     # function the script wires (data_prep.reward_fn must report `acc`)
     assert "extra_info.index unique" in proc.stdout
     assert "acc probe: math_dapo: ['acc'" in proc.stdout
     assert "data note    data.train_files hold 8 prompt(s)" in proc.stdout
+
+
+def test_group_override_on_a_script_renames_the_run(dry_runs):
+    """`qwen3_8b_rollout_gdro.sh method=prompt_gdro paper_exact=on` trains Prompt-GDRO with the released
+    settings; its banner, experiment and checkpoint folder say so (before: all said rollout_gdro, so a
+    real run would have written into, and resumed from, the Rollout-GDRO experiment)."""
+    proc = _result(dry_runs, "regroup")
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    keys, gdro = parse_dry_run(proc.stdout)
+    assert gdro["prompt"]["enable"] is True and gdro["rollout"]["enable"] is False
+    assert gdro["prompt"]["score_init"] == "zero"  # paper_exact=on reached the recipe
+    assert keys["trainer.experiment_name"] == "qwen3_8b_prompt_gdro_paper_exact"
+    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/home/gdro_ckpt/gdro/qwen3_8b_prompt_gdro_paper_exact"
+    assert "run          gdro/qwen3_8b_prompt_gdro_paper_exact" in proc.stdout
+    banner = next(line for line in proc.stderr.splitlines() if line.startswith("[gdro-launch] qwen3"))
+    assert "8b / prompt_gdro" in banner and "PAPER_EXACT" in banner and "rollout_gdro" not in banner
+    assert not (dry_runs["tmp"] / "home" / "gdro_ckpt").exists()
 
 
 def test_mistyped_override_fails_naming_the_key(dry_runs):
@@ -381,7 +438,7 @@ def _data_dir_with_files(root: Path) -> Path:
 def test_real_launch_runs_exactly_the_dry_run_overrides(tmp_path, stub_python):
     stub, read = stub_python
     data = _data_dir_with_files(tmp_path)
-    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console")
+    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data))
     user = ["trainer.save_freq=20", "gdro.rollout.n_max=8"]
     script = script_path("8b", "rollout_gdro")
 
@@ -401,126 +458,102 @@ def test_real_launch_runs_exactly_the_dry_run_overrides(tmp_path, stub_python):
     assert f"data.train_files='{data}/train.parquet'" in real_argv
 
 
-def test_real_launch_refuses_missing_data_before_starting_python(tmp_path, stub_python):
-    stub, read = stub_python
-    env = clean_env(PYTHON=str(stub), DATA_DIR=str(tmp_path / "nothing"), LOGGER="console")
-    proc = run_script(script_path("4b", "prompt_gdro"), env=env, cwd=tmp_path)
-    assert proc.returncode == 2
-    assert f"{tmp_path}/nothing/train.parquet" in proc.stderr
-    assert "data_prep/dapo.py" in proc.stderr
-    assert read() is None  # the interpreter was never started
-
-
-@pytest.mark.parametrize(
-    "env_extra,needle",
-    [
-        ({"NNODES": "two"}, "NNODES must be a positive integer"),
-        ({"N_GPUS_PER_NODE": "0"}, "N_GPUS_PER_NODE must be a positive integer"),
-        ({"ROLLOUT_TP": "2 4"}, "ROLLOUT_TP has unexpected characters"),
-        ({"SAVE_FREQ": "often"}, "SAVE_FREQ must be a positive integer or -1"),
-        ({"EXPERIMENT_NAME": "a/b"}, "EXPERIMENT_NAME may use letters"),
-    ],
-    ids=["nnodes_text", "gpus0", "tp_list", "save_freq", "experiment"],
-)
-def test_launcher_refuses_bad_environment_values(tmp_path, stub_python, env_extra, needle):
-    stub, read = stub_python
-    proc = run_script(
-        script_path("4b", "grpo"), env=clean_env(PYTHON=str(stub), DRY_RUN="1", **env_extra), cwd=tmp_path
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert needle in proc.stderr
-    assert read() is None
-
-
-def test_paper_exact_selects_the_group(tmp_path, stub_python):
-    """PAPER_EXACT=1 -> paper_exact=on after the method (resolved values: the fixture test)."""
-    stub, read = stub_python
-    env = clean_env(PYTHON=str(stub), DRY_RUN="1", LOGGER="console", PAPER_EXACT="1")
-    proc = run_script(script_path("8b", "rollout_gdro"), env=env, cwd=tmp_path)
-    assert proc.returncode == 0 and "| PAPER_EXACT" in proc.stderr, proc.stderr
-    assert read()[2:5] == ["size=8b", "method=rollout_gdro", "paper_exact=on"]
-    proc = run_script(script_path("8b", "grpo"), env=env, cwd=tmp_path)
-    assert proc.returncode == 0 and "method 'grpo' has no released settings" in proc.stderr
-    assert "paper_exact=on" in read()
-
-
-def test_dry_run_modes_reach_the_recipe(tmp_path, stub_python):
-    """DRY_RUN=1 -> gdro.dry_run=true (config and data checked); DRY_RUN=config -> gdro.dry_run=config."""
-    stub, read = stub_python
-    cases = (("1", "gdro.dry_run=true"), ("true", "gdro.dry_run=true"), ("config", "gdro.dry_run=config"))
-    for value, expected in cases:
-        env = clean_env(PYTHON=str(stub), DRY_RUN=value, DATA_DIR=str(tmp_path / "nothing"), LOGGER="console")
-        proc = run_script(script_path("1.7b", "grpo"), env=env, cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr
-        assert read()[-1] == expected, value
-
-
 def test_defaults_without_environment(tmp_path, stub_python):
+    """The script passes the groups and the data paths only: names, folders, logger and layout are the config's."""
     stub, read = stub_python
     home = tmp_path / "home"
     home.mkdir()
-    env = clean_env(PYTHON=str(stub), DRY_RUN="1", HOME=str(home))
-    proc = run_script(script_path("8b", "joint_gdro"), env=env, cwd=tmp_path)
+    proc = run_script(script_path("8b", "joint_gdro"), env=clean_env(PYTHON=str(stub), HOME=str(home)), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     argv = read()
-    assert f"data.train_files='{home}/data/dapo/train.parquet'" in argv
-    # the model, layout and checkpoint count come from the groups (size/8b.yaml, protocol/paper.yaml)
-    assert argv[2:4] == ["size=8b", "method=joint_gdro"]
-    assert not any(a.startswith(("actor_rollout_ref.", "trainer.max_actor", "transfer_queue.", "++")) for a in argv)
-    # checkpoints outside the repository (issue 11, item 7)
-    assert f"trainer.default_local_dir='{home}/gdro_ckpt/gdro/qwen3_8b_joint_gdro'" in argv
-    assert "trainer.logger=[console]" in argv  # no wandb credentials in this HOME
-    assert "no wandb credentials" in proc.stderr
-
-    proc = run_script(script_path("8b", "joint_gdro"), env={**env, "WANDB_API_KEY": "x"}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "trainer.logger=[console,wandb]" in read()
+    val = ",".join(f"'{home}/data/dapo/eval/{name}.parquet'" for name in EVAL_SETS)
+    assert argv == [
+        "-m",
+        "recipe.gdro.main_gdro",
+        "size=8b",
+        "method=joint_gdro",
+        f"data.train_files='{home}/data/dapo/train.parquet'",
+        f"data.val_files=[{val}]",
+    ]
 
 
-def test_launcher_checks_defer_to_arguments(tmp_path, stub_python):
-    """A data file given as an argument is not checked against the environment's default."""
+def test_launcher_flags_are_parsed_strictly(tmp_path, stub_python):
+    """DRY_RUN / PREFLIGHT: 0, 1, true, false in any case (DRY_RUN also config); anything else exits 2
+    naming the variable, before python starts (before, DRY_RUN=TRUE or DRY_RUN=2 was a real launch)."""
     stub, read = stub_python
-    data = _data_dir_with_files(tmp_path)
-    other = tmp_path / "elsewhere" / "train.parquet"
-    other.parent.mkdir()
-    other.write_bytes(b"")
-    (data / "train.parquet").unlink()
-    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console")
-    # the training file comes from an argument: the missing $DATA_DIR/train.parquet does not matter
-    proc = run_script(script_path("4b", "grpo"), [f"data.train_files={other}"], env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert read()[-1] == f"data.train_files={other}"
-
-
-def test_operations_environment(tmp_path, stub_python):
-    """MAX_CKPT_TO_KEEP, TQ_STORAGE_UNITS and ATTN_IMPLEMENTATION reach the command line; bad values stop."""
-    stub, read = stub_python
-    env = clean_env(PYTHON=str(stub), DRY_RUN="1", LOGGER="console")
-    script = script_path("4b", "grpo")
-    proc = run_script(
-        script,
-        env={**env, "MAX_CKPT_TO_KEEP": "0", "TQ_STORAGE_UNITS": "1", "ATTN_IMPLEMENTATION": "sdpa"},
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    argv = read()
-    assert "trainer.max_actor_ckpt_to_keep=null" in argv  # 0 = keep all
-    assert "transfer_queue.backend.SimpleStorage.num_data_storage_units=1" in argv
-    assert "++actor_rollout_ref.model.override_config.attn_implementation=sdpa" in argv
-    for var, value, needle in [
-        ("MAX_CKPT_TO_KEEP", "-1", "MAX_CKPT_TO_KEEP must be a non-negative integer"),
-        ("TQ_STORAGE_UNITS", "0", "TQ_STORAGE_UNITS must be a positive integer"),
-        ("ATTN_IMPLEMENTATION", "sdpa x", "ATTN_IMPLEMENTATION has unexpected characters"),
-    ]:
-        proc = run_script(script, env={**env, var: value}, cwd=tmp_path)
-        assert proc.returncode == 2 and needle in proc.stderr, (var, proc.stderr)
+    script = script_path("1.7b", "grpo")
+    for value, expected in (("1", "true"), ("TRUE", "true"), ("true", "true"), ("Config", "config")):
+        proc = run_script(script, env=clean_env(PYTHON=str(stub), DRY_RUN=value), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert read()[-1] == f"gdro.dry_run={expected}", value
+    for value in ("0", "false", "FALSE", ""):
+        proc = run_script(script, env=clean_env(PYTHON=str(stub), DRY_RUN=value), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert not any(a.startswith("gdro.dry_run") for a in read()), value
+    for var, value in (("DRY_RUN", "2"), ("DRY_RUN", "maybe"), ("DRY_RUN", "yes"), ("PREFLIGHT", "on")):
+        proc = run_script(script, env=clean_env(PYTHON=str(stub), **{var: value}), cwd=tmp_path)
+        assert proc.returncode == 2, (var, value, proc.stderr)
+        assert f"{var}='{value}' is not 0, 1, true or false" in proc.stderr
         assert read() is None
+
+
+def test_a_backslash_in_a_path_stops_the_launch(tmp_path, stub_python):
+    """The refusal runs in the launcher's shell, not in a $(...) subshell (before, the launch carried on
+    with an empty data.train_files)."""
+    stub, read = stub_python
+    script = script_path("4b", "rollout_gdro")
+    for var, value in (("DATA_DIR", "/tmp/a\\b"), ("VAL_DIR", "/tmp/ev\\al")):
+        proc = run_script(script, env=clean_env(PYTHON=str(stub), **{var: value}), cwd=tmp_path)
+        assert proc.returncode == 2, (var, proc.stderr)
+        assert f"{var}: a backslash in a path is not supported" in proc.stderr
+        assert read() is None
+    # the removed TRAIN_FILE is refused too, naming its replacement
+    proc = run_script(script, env=clean_env(PYTHON=str(stub), TRAIN_FILE="/tmp/a\\b.parquet"), cwd=tmp_path)
+    assert proc.returncode == 2 and "pass data.train_files=PATH as an argument" in proc.stderr
+    assert read() is None
+
+
+def test_removed_alias_variables_are_refused_naming_their_hydra_key(tmp_path, stub_python):
+    """Issue 24 item 6: a variable that only aliased a Hydra key is no longer read, and a user who still
+    sets one is told the argument that replaces it (not silently given the default)."""
+    stub, read = stub_python
+    text = COMMON.read_text()
+    removed = re.findall(r'^  "([A-Z_]+)=([^"]+)"$', text, flags=re.M)
+    assert len(removed) >= 20
+    assert {name for name, _ in removed} >= {"MODEL_PATH", "CKPT_DIR", "NNODES", "LOGGER", "ROLLOUT_TP", "PAPER_EXACT"}
+    from omegaconf import OmegaConf
+
+    composed = compose_config(["size=4b", "method=grpo"])
+    for name, replacement in removed:
+        proc = run_script(script_path("4b", "grpo"), env=clean_env(PYTHON=str(stub), **{name: "1"}), cwd=tmp_path)
+        assert proc.returncode == 2, name
+        key = replacement.split("=")[0].lstrip("+")
+        assert f"{name} is no longer read" in proc.stderr and key in proc.stderr, proc.stderr
+        assert read() is None
+        # the Hydra key it names exists in the composed config (or is the paper_exact group)
+        if not key.startswith("paper_exact") and "override_config" not in key:
+            assert OmegaConf.select(composed, key, default="<absent>") != "<absent>", key
+    # and the docs show the Hydra keys, not the variables
+    docs = (REPO / "docs" / "reproducing.md").read_text() + (REPO / "docs" / "cluster.md").read_text()
+    stale = [name for name, _ in removed if re.search(rf"\b{name}=", docs)]
+    assert not stale, f"docs still show removed variables: {stale}"
+
+
+def test_paper_exact_argument_selects_the_group(tmp_path, stub_python):
+    stub, read = stub_python
+    env = clean_env(PYTHON=str(stub), DRY_RUN="1")
+    proc = run_script(script_path("8b", "rollout_gdro"), ["paper_exact=on"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "| PAPER_EXACT" in proc.stderr, proc.stderr
+    assert read()[-2:] == ["paper_exact=on", "gdro.dry_run=true"]
+    proc = run_script(script_path("8b", "grpo"), ["paper_exact=on"], env=env, cwd=tmp_path)
+    assert proc.returncode == 0 and "method 'grpo' has no released settings" in proc.stderr
+    assert "paper_exact=on" in read()
 
 
 def test_preflight_runs_the_launch_overrides_through_the_preflight_module(tmp_path, stub_python):
     stub, read = stub_python
     data = _data_dir_with_files(tmp_path)
-    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console")
+    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data))
     script = script_path("8b", "rollout_gdro")
     assert run_script(script, env=env, cwd=tmp_path).returncode == 0
     real = read()
@@ -534,22 +567,15 @@ def test_preflight_runs_the_launch_overrides_through_the_preflight_module(tmp_pa
     assert read() is None
 
 
-def test_local_model_path_must_be_a_model(tmp_path, stub_python):
-    stub, read = stub_python
-    data = _data_dir_with_files(tmp_path)
-    model = tmp_path / "models" / "qwen3-4b"
-    model.mkdir(parents=True)
-    env = clean_env(PYTHON=str(stub), DATA_DIR=str(data), LOGGER="console", MODEL_PATH=str(model))
-    proc = run_script(script_path("4b", "grpo"), env=env, cwd=tmp_path)
-    assert proc.returncode == 2 and f"no config.json in {model}" in proc.stderr
-    assert read() is None
-    (model / "config.json").write_text("{}")
-    proc = run_script(script_path("4b", "grpo"), env={**env, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert f"actor_rollout_ref.model.path='{model}'" in read()
-    # an HF id with HF_HUB_OFFLINE: a reminder that it must be cached on every node
-    proc = run_script(
-        script_path("4b", "grpo"), env={**env, "MODEL_PATH": "Qwen/Qwen3-4B-Base", "HF_HUB_OFFLINE": "1"}, cwd=tmp_path
-    )
-    assert proc.returncode == 0 and "must already be in the hub cache of every node" in proc.stderr
-    assert read() is not None
+def test_cpu_backend_launcher_is_named_for_its_backend():
+    """run_scripts/cpu_backend_tiny.sh (was tiny_cpu.sh) runs gdro.backend=cpu; its header states the code's lr and
+    validation sampling; nothing refers to the old name."""
+    script = RUN_SCRIPTS / "cpu_backend_tiny.sh"
+    text = script.read_text()
+    assert "gdro.backend=cpu" in text and not (RUN_SCRIPTS / "tiny_cpu.sh").exists()
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    lr = re.search(r"actor_rollout_ref\.actor\.optim\.lr=(\S+) ", text).group(1)
+    temp = re.search(r"val_kwargs\.temperature=(\S+) ", text).group(1)
+    assert f"lr {lr}" in header and f"temperature {float(temp):g}" in header and "greedy" not in header
+    for path in [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("run_scripts/*.sh"), *REPO.glob("recipe/**/*.py")]:
+        assert "tiny_cpu.sh" not in path.read_text(encoding="utf-8"), path

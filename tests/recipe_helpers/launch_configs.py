@@ -2,7 +2,7 @@
 tests/fixtures/launch_configs.json and the test that compares today's launches with it.
 
 A launch is run with a stand-in interpreter that records the argv the script would exec, under a
-fixed environment (temporary paths, no wandb, ``DRY_RUN=config``); that argv is composed exactly
+fixed environment (temporary paths and HOME, ``DRY_RUN=config``); that argv is composed exactly
 as ``python -m recipe.gdro.main_gdro`` composes it (:func:`recipe.gdro.startup.cli.compose_config`)
 and resolved. What is stored per launch is its difference from the recipe's bare config (no
 overrides), as flattened ``dotted.key: value`` pairs: equal differences from the same base mean
@@ -31,7 +31,8 @@ METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro")
 ABSENT = "<absent>"
 TMP = "<TMP>"
 
-# Every variable a launch script reads: cleared so the caller's environment cannot leak in.
+# Every variable a launch script reads, or refuses (the aliases it no longer reads): cleared so the
+# caller's environment cannot leak in.
 LAUNCH_VARS = (
     "MODEL_PATH DATA_DIR TRAIN_FILE VAL_DIR EVAL_SETS CKPT_DIR NNODES N_GPUS_PER_NODE PROJECT_NAME "
     "EXPERIMENT_NAME LOGGER SAVE_FREQ MAX_CKPT_TO_KEEP ROLLOUT_TP GPU_MEMORY_UTILIZATION USE_DYNAMIC_BSZ "
@@ -41,43 +42,45 @@ LAUNCH_VARS = (
     "GDRO_SHIP_CODE VIRTUAL_ENV"
 ).split()
 
-# Launches beyond the 12 x {PAPER_EXACT unset, 1}: every environment variable that feeds an
-# override, and arguments that must win over the script's settings.
+# Launches beyond the 12 x {paper_exact off, on}: the variables the launcher still reads, every
+# Hydra override that replaced a removed variable, and arguments that must win over the script's.
 EXTRA_CASES: dict[str, tuple[str, str, dict[str, str], tuple[str, ...]]] = {
-    "env_layout": (
+    "overrides_layout": (
         "8b",
         "joint_gdro",
-        {
-            "MODEL_PATH": "/models/my-qwen3",
-            "EVAL_SETS": "math500,aime2024",
-            "NNODES": "2",
-            "N_GPUS_PER_NODE": "4",
-            "PROJECT_NAME": "myproj",
-            "EXPERIMENT_NAME": "myexp",
-            "LOGGER": "console,tensorboard",
-            "SAVE_FREQ": "20",
-            "MAX_CKPT_TO_KEEP": "0",
-            "ROLLOUT_TP": "4",
-            "GPU_MEMORY_UTILIZATION": "0.5",
-            "USE_DYNAMIC_BSZ": "0",
-            "ACTOR_PARAM_OFFLOAD": "True",
-            "ACTOR_OPTIMIZER_OFFLOAD": "True",
-            "REF_PARAM_OFFLOAD": "False",
-            "PPO_MICRO_BSZ_PER_GPU": "1",
-            "LOGPROB_MICRO_BSZ_PER_GPU": "2",
-            "PPO_MAX_TOKEN_LEN_PER_GPU": "8000",
-            "LOGPROB_MAX_TOKEN_LEN_PER_GPU": "9000",
-            "ATTN_IMPLEMENTATION": "sdpa",
-            "TQ_STORAGE_UNITS": "2",
-            "PAPER_EXACT": "1",
-        },
-        (),
+        {"EVAL_SETS": "math500,aime2024"},
+        (
+            "actor_rollout_ref.model.path=/models/my-qwen3",
+            "trainer.nnodes=2",
+            "trainer.n_gpus_per_node=4",
+            "trainer.project_name=myproj",
+            "trainer.experiment_name=myexp",
+            "trainer.logger=[console,tensorboard]",
+            "trainer.save_freq=20",
+            "trainer.max_actor_ckpt_to_keep=null",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            "actor_rollout_ref.actor.use_dynamic_bsz=false",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=false",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8000",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9000",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=9000",
+            "++actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "transfer_queue.backend.SimpleStorage.num_data_storage_units=2",
+            "paper_exact=on",
+        ),
     ),
     "args_win": (
         "1.7b",
         "rollout_gdro",
-        {"TRAIN_FILE": "train with space.parquet", "VAL_DIR": "/val", "CKPT_DIR": "/ck"},
+        {"DATA_DIR": "data with space", "VAL_DIR": "/val"},
         (
+            "launch.ckpt_root=/ck",
             "data.train_batch_size=128",
             "trainer.test_freq=25",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
@@ -95,7 +98,7 @@ def launches() -> dict[str, tuple[str, str, dict[str, str], tuple[str, ...]]]:
     for size in SIZES:
         for method in METHODS:
             out[f"{size}_{method}"] = (size, method, {}, ())
-            out[f"{size}_{method}_paper_exact"] = (size, method, {"PAPER_EXACT": "1"}, ())
+            out[f"{size}_{method}_paper_exact"] = (size, method, {}, ("paper_exact=on",))
     out.update(EXTRA_CASES)
     return out
 
@@ -113,9 +116,7 @@ def launch_argv(size: str, method: str, env: dict[str, str], args, tmp: Path) ->
         HOME=str(home),
         PYTHON=str(stub),
         DRY_RUN="config",
-        LOGGER="console",
         DATA_DIR=str(tmp / "data"),
-        CKPT_DIR=str(tmp / "ckpt"),
         GDRO_USE_CURRENT_ENV="1",
         CUDA_VISIBLE_DEVICES="",
     )
@@ -161,11 +162,19 @@ def launch_configs() -> dict[str, dict[str, Any]]:
     """name -> the launch's resolved config as its difference from the bare recipe config."""
     with tempfile.TemporaryDirectory(prefix="gdro_launch_") as d:
         tmp = Path(d).resolve()
-        base = resolved([], tmp)
-        return {
-            name: difference(resolved(launch_argv(size, method, env, args, tmp), tmp), base)
-            for name, (size, method, env, args) in launches().items()
-        }
+        home = os.environ.get("HOME")
+        os.environ["HOME"] = str(tmp / "home")  # the config's ${oc.env:HOME} resolves as the launch's would
+        try:
+            base = resolved([], tmp)
+            return {
+                name: difference(resolved(launch_argv(size, method, env, args, tmp), tmp), base)
+                for name, (size, method, env, args) in launches().items()
+            }
+        finally:
+            if home is None:
+                os.environ.pop("HOME", None)
+            else:
+                os.environ["HOME"] = home
 
 
 def main(argv=None) -> int:

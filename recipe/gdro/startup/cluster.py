@@ -89,7 +89,7 @@ def check_attention(config: DictConfig, *, strict: bool) -> AttentionCheck:
             "Install it (the `gpu` extra: flash-attn 2.8.3 through verl's flash-attn-cu130torch211 extra, "
             "built against the installed torch; docs/cluster.md, Install), or fall back to PyTorch SDPA with "
             "the override "
-            f"{SDPA_OVERRIDE} (launch scripts: ATTN_IMPLEMENTATION=sdpa)"
+            f"{SDPA_OVERRIDE} (an argument of the launch scripts too)"
         )
     return check
 
@@ -241,8 +241,8 @@ def check_transfer_queue_cpus(
             f"this run needs >= {need:g} Ray CPUs; this Ray cluster has {cluster_cpus:g}: verl's resource pool "
             f"{pool} ({{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU x {n_gpus} GPUs, "
             f"trainer.n_gpus_per_node x trainer.nnodes), {tq_text}verl's TaskRunner {runner_cpus:g}. Without "
-            f"them tq.init or the placement groups wait forever. Lower {TQ_UNITS_KEY} (launch scripts: "
-            "TQ_STORAGE_UNITS) or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+            f"them tq.init or the placement groups wait forever. Lower {TQ_UNITS_KEY} "
+            "or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
         )
     if node_resources is not None:
         per_node = int(config.trainer.n_gpus_per_node)
