@@ -132,8 +132,11 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
         (["+gdro.rollout.n_mn=2"], 2, "unknown key(s) gdro.rollout.n_mn"),
         (["gdro.rollout.n_mn=2"], 2, "unknown key gdro.rollout.n_mn; did you mean n_min?"),
         (["gdro.rollot.n_min=2"], 2, "unknown key gdro.rollot; did you mean rollout?"),
-        (["trainer.nnodez=2"], 1, "unknown key trainer.nnodez; did you mean nnodes?"),
-        (["gdro.dry_run=maybe"], 2, "gdro.dry_run='maybe': use true"),
+        (["trainer.nnodez=2"], 2, "unknown key trainer.nnodez; did you mean nnodes?"),
+        (["gdro.dry_run=maybe"], 2, "gdro.dry_run='maybe' is invalid: must be one of ('false', 'true', 'config')"),
+        (["gdro.dry_run=confg"], 2, "did you mean config?"),
+        (["gdro.backend=gpu"], 2, "gdro.backend='gpu' is invalid: must be one of ('verl', 'cpu')"),
+        (["gdro.rollout.allocator=sqr"], 2, "gdro.rollout.allocator='sqr' is invalid: must be one of"),
         (["gdro.rollout.n_min=abc"], 2, "rollout.n_min='abc' must be an integer"),
         (["gdro.rollout.n_max=3"], 2, "rollout.n_max=3 is invalid: must be >= rollout.n_mean=4"),
         (["gdro.rollout.n_mean=8"], 2, "gdro.rollout.n_mean=8 differs from actor_rollout_ref.rollout.n=4"),
@@ -334,3 +337,148 @@ def test_layout_checks_see_the_final_config():
     args = ["trainer.nnodes=3", "data.train_batch_size=384", "actor_rollout_ref.actor.ppo_mini_batch_size=192"]
     prepared = prepare(compose_config(["size=4b", "method=rollout_gdro", *args]), run_verl_checks=False)
     assert prepared.budget.padding_rows == 0
+
+
+# --------------------------------------------------------------------------- issue 27: what cannot work
+def _refusal(capsys, argv, work: Path) -> str:
+    """Run a dry run that must be refused; return its one error line (checking nothing was written)."""
+    before = sorted(p.name for p in work.iterdir())
+    code, out, err = run_cli(capsys, argv)
+    assert code == 2, (argv[-3:], out[-500:], err[-2000:])
+    assert "dry run OK" not in out
+    lines = [line for line in err.splitlines() if line.startswith("gdro")]
+    assert len(lines) == 1, err[-2000:]
+    assert "Traceback" not in err
+    assert sorted(p.name for p in work.iterdir()) == before  # no outputs/, no checkpoint folder, no metrics
+    return lines[0]
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch) -> Path:
+    """An empty working folder (the cwd), checkpoints under it: anything written would show."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def test_verl_keys_users_set_are_refused_by_type_and_range(capsys, data, work):
+    """verl's keys as users set them (through the scripts or by hand) are typed and ranged, named, exit 2.
+    Before: lr -1e-6, steps -5, memory 2.0 ("fits") and use_dynamic_bsz=maybe (true) passed; lr=fast and
+    train_batch_size=lots were a bare ValueError (exit 1); rollout.n=0 was blamed on gdro.rollout.n_min."""
+    base = paper_overrides(data) + [f"launch.ckpt_root={work}/ckpt"]
+    cases = {
+        "actor_rollout_ref.actor.optim.lr=-1e-6": "actor_rollout_ref.actor.optim.lr=-1e-06 must be a number > 0",
+        "actor_rollout_ref.actor.optim.lr=fast": "actor_rollout_ref.actor.optim.lr='fast' must be a number > 0",
+        "trainer.total_training_steps=-5": "trainer.total_training_steps=-5 must be an integer >= 1",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=2.0": "gpu_memory_utilization=2.0 must be a number in (0, 1]",
+        "actor_rollout_ref.actor.use_dynamic_bsz=maybe": "actor_rollout_ref.actor.use_dynamic_bsz='maybe' must be true or false",
+        "data.train_batch_size=lots": "data.train_batch_size='lots' must be an integer >= 1",
+        "actor_rollout_ref.rollout.n=0": "actor_rollout_ref.rollout.n=0 must be an integer >= 1",
+        "trainer.logger=',,'": "trainer.logger=',,' must be a list of",
+        "trainer.logger=[console,nope]": "trainer.logger=['console', 'nope'] must be a list of",
+        "trainer.experiment_name=a/b": "trainer.experiment_name='a/b' may use letters",
+    }
+    for override, message in cases.items():
+        line = _refusal(capsys, base + [override], work)
+        assert message in line, (override, line)
+        assert "n_min" not in line, line
+    # verl's own refusal (validate_config) follows the recipe's message and exit code (before: exit 1)
+    line = _refusal(capsys, base + ["gdro.rollout.enable=false", "data.train_batch_size=64"], work)
+    assert line.startswith("gdro dry run: error: verl refuses the config") and "train_batch_size (64)" in line
+
+
+def test_data_files_that_cannot_train_are_refused_naming_file_row_or_column(capsys, tmp_path, work):
+    """Before: no `prompt` column and an extra_info.index of 10**12 (the binner sizes its arrays by it)
+    passed, a parquet named .jsonl and a non-UTF-8 jsonl were a bare UnicodeDecodeError, and a batch of
+    1000 against 300 prompts was reported as a mini-batch problem."""
+    files = tmp_path / "files"
+    rows = S.math_rows(list(range(256)))
+    no_prompt = S.write_parquet(str(files / "no_prompt.parquet"), [{k: v for k, v in r.items() if k != "prompt"} for r in rows])
+    huge = S.write_parquet(str(files / "huge.parquet"), S.math_rows(list(range(256)), index=[*range(255), 10**12]))
+    good = S.write_parquet(str(files / "good.parquet"), rows)
+    misnamed = files / "parquet.jsonl"
+    misnamed.write_bytes(Path(good).read_bytes())
+    latin1 = files / "latin1.jsonl"
+    latin1.write_bytes(b'{"prompt": "caf\xe9", "extra_info": {"index": 0}}\n')
+    small = S.write_parquet(str(files / "small.parquet"), S.math_rows(list(range(300))))
+    snapshot = {p: p.read_bytes() for p in files.iterdir()}
+    cases = [
+        ([f"data.train_files=[{no_prompt}]"], [no_prompt, "no column 'prompt'"]),
+        ([f"data.train_files=[{huge}]"], [str(huge), "row 255", "extra_info.index 1000000000000"]),
+        ([f"data.train_files=[{misnamed}]"], [str(misnamed), "not a readable JSON-lines file"]),
+        ([f"data.train_files=[{latin1}]"], [str(latin1), "UnicodeDecodeError"]),
+        ([f"data.val_files=[{no_prompt}]"], ["data.val_files", no_prompt, "no column 'prompt'"]),
+        (
+            [f"data.train_files=[{small}]", "data.train_batch_size=1000"],
+            ["hold 300 prompt(s)", "fewer than data.train_batch_size=1000"],
+        ),
+    ]
+    base = paper_overrides(Path(good)) + [f"launch.ckpt_root={work}/ckpt"]
+    for extra, needles in cases:
+        line = _refusal(capsys, base + extra, work)
+        assert all(n in line for n in needles), (extra, line)
+        assert "mini-batch" not in line and "ppo_mini_batch_size" not in line, line
+    assert {p: p.read_bytes() for p in files.iterdir()} == snapshot
+
+
+def test_output_paths_that_cannot_be_created_are_refused(capsys, data, tmp_path, work):
+    """Before: a checkpoint folder or metrics file under a plain file, or a metrics file naming a folder,
+    passed the dry run (and failed hours later, at the first save)."""
+    plain = tmp_path / "plain_file"
+    plain.write_text("keep me\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "a_folder").mkdir(parents=True)
+    (run_dir / "sub").write_text("a file\n")
+    base = paper_overrides(data)
+    cases = [
+        ([f"launch.ckpt_root={plain}/ckpt"], ["trainer.default_local_dir", str(plain), "is a file"]),
+        ([f"trainer.default_local_dir={plain}/x/y"], ["trainer.default_local_dir", str(plain), "is a file"]),
+        ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=a_folder"], ["gdro.metrics_file", "is a directory"]),
+        ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=sub/m.jsonl"], ["gdro.metrics_file", "sub is a file"]),
+        ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=/abs/m.jsonl"], ["gdro.metrics_file", "relative"]),
+    ]
+    for extra, needles in cases:
+        line = _refusal(capsys, base + extra, work)
+        assert all(n in line for n in needles), (extra, line)
+    assert plain.read_text() == "keep me\n" and sorted(p.name for p in run_dir.iterdir()) == ["a_folder", "sub"]
+    assert list((run_dir / "a_folder").iterdir()) == []
+
+
+def test_a_real_launch_also_checks_what_only_the_training_machine_can(data, tmp_path, work, capsys):
+    """A local model folder must hold config.json on a launch (the bash launcher's check, now the recipe's);
+    a dry run, possibly on another machine, does not ask it."""
+    from recipe.gdro.main_gdro import check_launch
+
+    model = tmp_path / "models" / "qwen3"
+    model.mkdir(parents=True)
+    argv = [a for a in paper_overrides(data) if a != "gdro.dry_run=true"]
+    argv += [f"actor_rollout_ref.model.path={model}", f"launch.ckpt_root={work}/ckpt"]
+    assert check_launch(compose_config(argv)) == 2
+    err = capsys.readouterr().err
+    assert f"actor_rollout_ref.model.path={model}: no config.json in {model}" in err
+    assert cli([*argv, "gdro.dry_run=true"]) == 0, capsys.readouterr().err
+    assert list(work.iterdir()) == []
+
+
+def test_refused_real_launch_leaves_no_outputs_folder(data, tmp_path):
+    """A training launch is checked before Hydra's job runtime starts (before: Hydra's outputs/<date>/
+    folder was created, then the recipe refused the config inside it)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    argv = [a for a in paper_overrides(data) if a != "gdro.dry_run=true"]
+    proc = _module_cli([*argv, "gdro.rollout.n_max=3", f"launch.ckpt_root={work}/ckpt"], cwd=work)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "gdro.rollout.n_max=3 is invalid" in proc.stderr and "Traceback" not in proc.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_preflight_help_prints_its_usage(capsys):
+    """Before: `python -m recipe.gdro.preflight --help` was a Hydra LexerNoViableAltException (exit 1)."""
+    from recipe.gdro import preflight
+
+    assert preflight.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m recipe.gdro.preflight") and "python -m recipe.gdro.main_gdro" in out
+    assert preflight.main(["trainer.nnodez=2"]) == 2
+    assert "unknown key trainer.nnodez; did you mean nnodes?" in capsys.readouterr().err

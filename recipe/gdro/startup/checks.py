@@ -1032,11 +1032,12 @@ def prepare(
         check_local_model(config)
         check_ray_cluster(config)
     check_supported_modes(config, gdro)
-    files = check_dry_run_data(config, config_only=data_files == DATA_LISTED) if data_files else None
-    budget = check_budget(config, gdro)
     data = reward = None
     if gdro_runs(config, gdro):
         data = check_train_prompt_ids(config, require_files=require_files)
+    files = check_dry_run_data(config, config_only=data_files == DATA_LISTED) if data_files else None
+    budget = check_budget(config, gdro)
+    if data is not None:
         reward = probe_reward_acc(config, data)
     verl_checks = validate_verl_config(config) if run_verl_checks else []
     return Prepared(
