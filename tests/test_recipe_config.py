@@ -27,7 +27,14 @@ from recipe.gdro.results.metrics_io import (  # noqa: E402
 from recipe.gdro.startup import checks  # noqa: E402
 from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
-from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_to_dict  # noqa: E402
+from recipe.gdro.startup.recipe_config import (  # noqa: E402
+    RECIPE_KEYS,
+    DryRun,
+    RecipeConfig,
+    recipe_config_from_dict,
+    split_gdro_section,
+)
+from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_from_dict, gdro_config_to_dict  # noqa: E402
 
 YAML_PATH = Path(__file__).resolve().parents[1] / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"
 
@@ -55,17 +62,54 @@ def _key_tree(mapping) -> dict:
 
 
 def test_yaml_gdro_keys_mirror_the_dataclasses():
+    """The gdro section is the controllers' GDROConfig plus the recipe's RecipeConfig, key for key."""
     raw = yaml.safe_load(YAML_PATH.read_text())
-    assert _key_tree(raw["gdro"]) == _field_tree(GDROConfig)
+    assert _key_tree(raw["gdro"]) == {**_field_tree(GDROConfig), **_field_tree(RecipeConfig)}
+    assert not set(_field_tree(GDROConfig)) & set(RECIPE_KEYS)  # dry_run, metrics_file, backend left verl_ext
 
 
 def test_yaml_gdro_defaults_equal_the_dataclass_defaults(default_config):
     section = OmegaConf.to_container(default_config.gdro, resolve=True)
-    assert section == gdro_config_to_dict(GDROConfig())
+    controllers, recipe = split_gdro_section(section)
+    assert controllers == gdro_config_to_dict(GDROConfig())
+    assert recipe_config_from_dict(recipe) == RecipeConfig()
+    assert recipe == {"dry_run": False, "metrics_file": "gdro_metrics.jsonl", "backend": "verl"}
     # n̄ follows actor_rollout_ref.rollout.n, which the recipe sets to the dataclass default.
     raw = yaml.safe_load(YAML_PATH.read_text())
     assert raw["gdro"]["rollout"]["n_mean"] == "${actor_rollout_ref.rollout.n}"
     assert default_config.actor_rollout_ref.rollout.n == GDROConfig().rollout.n_mean
+
+
+def test_recipe_keys_are_typed_choices():
+    """gdro.dry_run is a real three-way choice (a bool that also took the string "config" before), and
+    gdro.backend a typed choice: anything else is refused naming the key, with a did-you-mean."""
+    assert [recipe_config_from_dict({"dry_run": v}).dry_run for v in (False, True, "config")] == [
+        DryRun.false,
+        DryRun.true,
+        DryRun.config,
+    ]
+    for value, hint in (("maybe", ""), ("confg", "did you mean config?"), (1, ""), ("yes", "")):
+        with pytest.raises(GDROConfigError, match=r"gdro\.dry_run=") as e:
+            recipe_config_from_dict({"dry_run": value})
+        assert hint in str(e.value) and "('false', 'true', 'config')" in str(e.value)
+    with pytest.raises(GDROConfigError, match=r"gdro\.backend='cuda' is invalid: must be one of \('verl', 'cpu'\)"):
+        recipe_config_from_dict({"backend": "cuda"})
+    assert recipe_config_from_dict({"backend": "cpu"}).backend == "cpu"  # a str Enum: compares as its value
+    with pytest.raises(GDROConfigError, match="gdro.metrics_file"):
+        recipe_config_from_dict({"metrics_file": "/tmp/m.jsonl"})
+
+
+def test_controller_choices_are_typed_and_print_as_their_strings():
+    """verl_ext's string options are typed choices (issue 24 item 4); they stay plain strings to read."""
+    from verl_ext.config import Allocator, Budget
+
+    cfg = gdro_config_from_dict({"rollout": {"allocator": "hedge", "budget": "tokens"}})
+    assert cfg.rollout.allocator is Allocator.hedge and cfg.rollout.budget is Budget.tokens
+    assert f"{cfg.rollout.allocator}" == "hedge" and cfg.rollout.allocator == "hedge"
+    assert json.dumps(gdro_config_to_dict(cfg)["rollout"]["allocator"]) == '"hedge"'
+    assert type(gdro_config_to_dict(cfg)["rollout"]["allocator"]) is str
+    with pytest.raises(GDROConfigError, match=r"gdro\.prompt\.loss_signal='learnabilty'.*did you mean learnability\?"):
+        gdro_config_from_dict({"prompt": {"loss_signal": "learnabilty"}})
 
 
 def test_recipe_defaults_extend_verl(default_config):
