@@ -372,7 +372,7 @@ def test_verl_keys_users_set_are_refused_by_type_and_range(capsys, data, work):
         "actor_rollout_ref.actor.optim.lr=fast": "actor_rollout_ref.actor.optim.lr='fast' must be a number > 0",
         "trainer.total_training_steps=-5": "trainer.total_training_steps=-5 must be an integer >= 1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=2.0": "gpu_memory_utilization=2.0 must be a number in (0, 1]",
-        "actor_rollout_ref.actor.use_dynamic_bsz=maybe": "actor_rollout_ref.actor.use_dynamic_bsz='maybe' must be true or false",
+        "actor_rollout_ref.actor.use_dynamic_bsz=maybe": "use_dynamic_bsz='maybe' must be true or false",
         "data.train_batch_size=lots": "data.train_batch_size='lots' must be an integer >= 1",
         "actor_rollout_ref.rollout.n=0": "actor_rollout_ref.rollout.n=0 must be an integer >= 1",
         "trainer.logger=',,'": "trainer.logger=',,' must be a list of",
@@ -394,7 +394,9 @@ def test_data_files_that_cannot_train_are_refused_naming_file_row_or_column(caps
     1000 against 300 prompts was reported as a mini-batch problem."""
     files = tmp_path / "files"
     rows = S.math_rows(list(range(256)))
-    no_prompt = S.write_parquet(str(files / "no_prompt.parquet"), [{k: v for k, v in r.items() if k != "prompt"} for r in rows])
+    no_prompt = S.write_parquet(
+        str(files / "no_prompt.parquet"), [{k: v for k, v in r.items() if k != "prompt"} for r in rows]
+    )
     huge = S.write_parquet(str(files / "huge.parquet"), S.math_rows(list(range(256)), index=[*range(255), 10**12]))
     good = S.write_parquet(str(files / "good.parquet"), rows)
     misnamed = files / "parquet.jsonl"
@@ -434,8 +436,14 @@ def test_output_paths_that_cannot_be_created_are_refused(capsys, data, tmp_path,
     cases = [
         ([f"launch.ckpt_root={plain}/ckpt"], ["trainer.default_local_dir", str(plain), "is a file"]),
         ([f"trainer.default_local_dir={plain}/x/y"], ["trainer.default_local_dir", str(plain), "is a file"]),
-        ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=a_folder"], ["gdro.metrics_file", "is a directory"]),
-        ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=sub/m.jsonl"], ["gdro.metrics_file", "sub is a file"]),
+        (
+            [f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=a_folder"],
+            ["gdro.metrics_file", "is a directory"],
+        ),
+        (
+            [f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=sub/m.jsonl"],
+            ["gdro.metrics_file", "sub is a file"],
+        ),
         ([f"trainer.default_local_dir={run_dir}", "gdro.metrics_file=/abs/m.jsonl"], ["gdro.metrics_file", "relative"]),
     ]
     for extra, needles in cases:

@@ -192,7 +192,11 @@ def test_paper_exact_changes_only_the_released_settings():
     ):
         default, exact = _groups("8b", method), _groups("8b", method, "paper_exact=on")
         # the run's own name and folder (issue 27: a paper_exact run must not resume the default run)
-        names = {"trainer.experiment_name", "actor_rollout_ref.rollout.trace.experiment_name", "trainer.default_local_dir"}
+        names = {
+            "trainer.experiment_name",
+            "actor_rollout_ref.rollout.trace.experiment_name",
+            "trainer.default_local_dir",
+        }
         assert exact["trainer.experiment_name"] == f"qwen3_8b_{method}_paper_exact"
         assert exact["launch.variant"] == "_paper_exact"
         changed = {k for k in default if default[k] != exact[k]} - names - {"launch.variant"}
@@ -367,7 +371,9 @@ def test_group_override_on_a_script_renames_the_run(dry_runs):
     assert gdro["prompt"]["enable"] is True and gdro["rollout"]["enable"] is False
     assert gdro["prompt"]["score_init"] == "zero"  # paper_exact=on reached the recipe
     assert keys["trainer.experiment_name"] == "qwen3_8b_prompt_gdro_paper_exact"
-    assert keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/home/gdro_ckpt/gdro/qwen3_8b_prompt_gdro_paper_exact"
+    assert (
+        keys["trainer.default_local_dir"] == f"{dry_runs['tmp']}/home/gdro_ckpt/gdro/qwen3_8b_prompt_gdro_paper_exact"
+    )
     assert "run          gdro/qwen3_8b_prompt_gdro_paper_exact" in proc.stdout
     banner = next(line for line in proc.stderr.splitlines() if line.startswith("[gdro-launch] qwen3"))
     assert "8b / prompt_gdro" in banner and "PAPER_EXACT" in banner and "rollout_gdro" not in banner
@@ -577,5 +583,10 @@ def test_cpu_backend_launcher_is_named_for_its_backend():
     lr = re.search(r"actor_rollout_ref\.actor\.optim\.lr=(\S+) ", text).group(1)
     temp = re.search(r"val_kwargs\.temperature=(\S+) ", text).group(1)
     assert f"lr {lr}" in header and f"temperature {float(temp):g}" in header and "greedy" not in header
-    for path in [REPO / "README.md", *REPO.glob("docs/*.md"), *REPO.glob("run_scripts/*.sh"), *REPO.glob("recipe/**/*.py")]:
+    for path in [
+        REPO / "README.md",
+        *REPO.glob("docs/*.md"),
+        *REPO.glob("run_scripts/*.sh"),
+        *REPO.glob("recipe/**/*.py"),
+    ]:
         assert "tiny_cpu.sh" not in path.read_text(encoding="utf-8"), path

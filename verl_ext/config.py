@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+
 class Choice(str, enum.Enum):
     """A string option checked by the dataclass (and by OmegaConf, which validates Enum fields by name).
 

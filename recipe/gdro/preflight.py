@@ -215,7 +215,8 @@ def check_shared_storage(results: Mapping[str, Mapping[str, Any]], token: str, f
             f"trainer.default_local_dir={folder} is not the same shared folder on every node (trainer.nnodes > 1): "
             "the driver's marker is not visible on\n  " + "\n  ".join(bad) + "\nThe TaskRunner writes "
             "gdro_state.pkl and the metrics file on whichever node hosts it, and verl's checkpoints are written by "
-            "every node: put trainer.default_local_dir (launch.ckpt_root) on a filesystem shared by all nodes (docs/cluster.md)"
+            "every node: put trainer.default_local_dir (launch.ckpt_root) on a filesystem shared by all nodes "
+            "(docs/cluster.md)"
         )
 
 
@@ -425,7 +426,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     unknown = [a for a in args if a.startswith("-")]
     if unknown:
-        print(f"gdro preflight: error: unknown option {unknown[0]} (arguments are Hydra overrides; --help)", file=sys.stderr)
+        print(
+            f"gdro preflight: error: unknown option {unknown[0]} (arguments are Hydra overrides; --help)",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = compose_config(args)

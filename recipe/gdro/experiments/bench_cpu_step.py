@@ -1,7 +1,7 @@
 """Benchmark (not a test): one CPU-backend training step, split into its parts.
 
-    python -m recipe.gdro.experiments.bench_cpu_step [--steps 8] [--warmup 2] [--method rollout_gdro] [hydra overrides...]
-    python -m recipe.gdro.experiments.bench_cpu_step --compare [--rounds 2] ...   # verl's per-session path vs the backend's
+    python -m recipe.gdro.experiments.bench_cpu_step [--steps 8] [--warmup 2] [--method rollout_gdro] [overrides]
+    python -m recipe.gdro.experiments.bench_cpu_step --compare [--rounds 2] ...  # verl's per-session path vs ours
 
 Trains the shipped tiny base (recipe/gdro/tinylm/base) on arithmetic data made on the fly
 (``python -m data_prep.arith``) through ``gdro.backend=cpu`` -- verl's real v1 loop -- at 64 prompts x 4
@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 METHODS = {
     "grpo": [],

@@ -42,7 +42,6 @@ import gc
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid

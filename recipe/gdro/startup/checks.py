@@ -9,8 +9,9 @@ The checks, in the order :func:`prepare` runs them:
 
 0. verl keys users set, by type and range (:data:`VERL_KEYS`, :func:`check_verl_keys`: lr, steps,
    batch sizes, memory fraction, booleans, the run's names, ``trainer.logger``); verl keys that have
-   no usable default, all named at once (:func:`check_required_keys`), and the GPU layout: rollout tensor parallelism against GPUs per node, token budgets against the longest
-   sequence (:func:`check_layout`);
+   no usable default, all named at once (:func:`check_required_keys`), and the GPU layout: rollout
+   tensor parallelism against GPUs per node, token budgets against the longest sequence
+   (:func:`check_layout`);
 1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
    values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``; its recipe keys ->
    :class:`recipe.gdro.startup.recipe_config.RecipeConfig`; output paths that cannot be created
@@ -18,7 +19,8 @@ The checks, in the order :func:`prepare` runs them:
    several nodes;
 2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
 3. with ``data_files``: the data files exist, are readable, have ``data.prompt_key`` and hold a
-   batch (:func:`check_dry_run_data`); the rollout budget against batch / mini-batch / data-parallel sizes (:func:`check_budget`);
+   batch (:func:`check_dry_run_data`); the rollout budget against batch / mini-batch / data-parallel
+   sizes (:func:`check_budget`);
 4. the training data's prompt ids: ``extra_info.index`` present, integer, unique, and small
    enough for the binner's arrays (:func:`check_train_prompt_ids`, :func:`check_id_range`);
 5. the reward reports ``acc`` (:func:`probe_reward_acc`);

@@ -109,7 +109,9 @@ def report_compose_error(error: BaseException, argv: Sequence[str], stream=None)
                 f"gdro: error: unknown key {key}{hint} (python -m recipe.gdro.main_gdro --help lists them)", file=stream
             )
             return 2
-        print(f"gdro: error: unknown key {key}{hint} (`+{key}=...` adds a new key; --help-all lists verl's)", file=stream)
+        print(
+            f"gdro: error: unknown key {key}{hint} (`+{key}=...` adds a new key; --help-all lists verl's)", file=stream
+        )
         return 2
     message = " ".join(str(error).split())
     print(f"gdro: error: {type(error).__name__}: {message[:500]}", file=stream)

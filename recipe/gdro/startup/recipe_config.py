@@ -73,7 +73,9 @@ class RecipeConfig:
         self.dry_run = _choice("dry_run", DryRun, _bool_name(self.dry_run))
         self.backend = _choice("backend", Backend, self.backend)
         if not isinstance(self.metrics_file, str):
-            raise GDROConfigError(f"gdro config: gdro.metrics_file={self.metrics_file!r} must be a file name (a string)")
+            raise GDROConfigError(
+                f"gdro config: gdro.metrics_file={self.metrics_file!r} must be a file name (a string)"
+            )
         if self.metrics_file and (os.path.isabs(self.metrics_file) or self.metrics_file.endswith(("/", os.sep))):
             raise GDROConfigError(
                 f"gdro config: gdro.metrics_file={self.metrics_file!r} must be a file name inside "
@@ -127,7 +129,11 @@ def recipe_config(config: Any) -> RecipeConfig:
 def recipe_keys_help() -> list[tuple[str, str, str]]:
     """``(key, default, meaning)`` of the recipe keys, for ``--help``."""
     return [
-        (f"gdro.{f.name}", str(f.default.value if isinstance(f.default, Choice) else f.default).lower(), f.metadata["help"])
+        (
+            f"gdro.{f.name}",
+            str(f.default.value if isinstance(f.default, Choice) else f.default).lower(),
+            f.metadata["help"],
+        )
         for f in dataclasses.fields(RecipeConfig)
     ]
 
