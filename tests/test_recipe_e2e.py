@@ -41,6 +41,7 @@ from recipe_helpers import standins as S  # noqa: E402
 
 from recipe.gdro.results.metrics_io import read_metrics_jsonl  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.startup.recipe_config import split_gdro_section  # noqa: E402
 from verl_ext import GDROController, gdro_config_from_dict  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -156,7 +157,7 @@ def joint_run(tq_session, tmp_path_factory, tokenizer, script):
 def shadow_controller(config) -> GDROController:
     section = OmegaConf.to_container(config.gdro, resolve=True)
     return GDROController(
-        gdro_config_from_dict(section),
+        gdro_config_from_dict(split_gdro_section(section)[0]),  # the controllers' keys (not dry_run, ...)
         num_prompts=len(ANSWERS),
         loss_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
         max_response_length=config.data.max_response_length,

@@ -496,11 +496,23 @@ def test_launcher_flags_are_parsed_strictly(tmp_path, stub_python):
         proc = run_script(script, env=clean_env(PYTHON=str(stub), DRY_RUN=value), cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert not any(a.startswith("gdro.dry_run") for a in read()), value
-    for var, value in (("DRY_RUN", "2"), ("DRY_RUN", "maybe"), ("DRY_RUN", "yes"), ("PREFLIGHT", "on")):
+    for var, value in (
+        ("DRY_RUN", "2"),
+        ("DRY_RUN", "maybe"),
+        ("DRY_RUN", "yes"),
+        ("PREFLIGHT", "on"),
+        ("GDRO_USE_CURRENT_ENV", "maybe"),
+    ):
         proc = run_script(script, env=clean_env(PYTHON=str(stub), **{var: value}), cwd=tmp_path)
         assert proc.returncode == 2, (var, value, proc.stderr)
         assert f"{var}='{value}' is not 0, 1, true or false" in proc.stderr
         assert read() is None
+    # the one the recipe reads itself (before: anything but 0/false/no meant "ship")
+    from recipe.gdro.startup import cluster
+    from recipe.gdro.startup.checks import GDRORecipeError
+
+    with pytest.raises(GDRORecipeError, match="GDRO_SHIP_CODE='maybe' is not 0, 1, true or false"):
+        cluster.ship_code_to_workers(compose_config([]), environ={"GDRO_SHIP_CODE": "maybe"})
 
 
 def test_a_backslash_in_a_path_stops_the_launch(tmp_path, stub_python):

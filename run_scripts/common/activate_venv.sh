@@ -12,8 +12,13 @@
 # are touched.
 gdro_activate_venv() {
   local root="$1"
-  local venv="${GDRO_VENV:-$root/.venv}"
-  [[ -z "${VIRTUAL_ENV:-}" && "${GDRO_USE_CURRENT_ENV:-0}" != 1 && -x "$venv/bin/python" ]] || return 0
+  local venv="${GDRO_VENV:-$root/.venv}" current="${GDRO_USE_CURRENT_ENV:-0}"
+  case "${current,,}" in
+    0 | false) current=0 ;;
+    1 | true) current=1 ;;
+    *) echo "[gdro] error: GDRO_USE_CURRENT_ENV='$GDRO_USE_CURRENT_ENV' is not 0, 1, true or false" >&2 && exit 2 ;;
+  esac
+  [[ -z "${VIRTUAL_ENV:-}" && "$current" != 1 && -x "$venv/bin/python" ]] || return 0
   venv="$(cd "$venv" && pwd)"
   export VIRTUAL_ENV="$venv"
   export PATH="$venv/bin:$PATH"

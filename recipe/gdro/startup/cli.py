@@ -128,6 +128,8 @@ ppo_trainer with a gdro: section). Every argument is a Hydra override, e.g.
   The paper's launches are config groups (recipe/gdro/config/<group>/<choice>.yaml):
 {groups}
   Overrides given after them win (gdro.rollout.n_max=8, trainer.n_gpus_per_node=4, ...).
+  The groups name the run (launch: in the YAML): project gdro, experiment qwen3_<size>_<method>,
+  checkpoints and gdro_metrics.jsonl in <launch.ckpt_root=~/gdro_ckpt>/<project>/<experiment>.
 
   gdro.dry_run=true     check config and data (files exist, >= data.train_batch_size prompts, prompt
                         ids, reward reports acc), print the plan and the resolved keys, exit;

@@ -140,7 +140,10 @@ def ship_code_to_workers(config: DictConfig, environ: Mapping[str, str] = os.env
     Entries the user already listed are kept (first). ``GDRO_SHIP_CODE=0`` disables it (e.g. when
     the package is installed at the same path on every node). Returns the directories added.
     """
-    if str(environ.get(SHIP_ENV, "1")).lower() in ("0", "false", "no"):
+    ship = str(environ.get(SHIP_ENV, "1")).strip().lower()
+    if ship not in ("", "0", "1", "true", "false"):
+        raise GDRORecipeError(f"{SHIP_ENV}={environ.get(SHIP_ENV)!r} is not 0, 1, true or false")
+    if ship in ("0", "false"):
         return []
     dirs = [package_dir(name) for name in SHIPPED_PACKAGES]
     existing = OmegaConf.select(config, PY_MODULES_KEY, default=None)
