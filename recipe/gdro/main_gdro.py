@@ -40,7 +40,7 @@ import sys
 from typing import Optional, Sequence
 
 import hydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE
 from recipe.gdro.startup.checks import DATA_LISTED, DATA_REQUIRED, GDRORecipeError, prepare
@@ -55,6 +55,8 @@ from recipe.gdro.startup.cli import (
 )
 from recipe.gdro.startup.plan import format_plan, print_dry_run
 from verl_ext import GDROConfigError, PromptIdError
+
+RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
 
 def check_launch(config: DictConfig, *, stderr=None):
@@ -107,6 +109,8 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
 
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
+    for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
+        OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
 
     from recipe.gdro.backends.cpu import is_cpu_backend
 
