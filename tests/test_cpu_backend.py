@@ -348,10 +348,12 @@ def test_resume_at_step_2_equals_the_uninterrupted_run(joint_run, tmp_path_facto
 def test_config_is_the_documented_switch():
     config = compose_config(["gdro.backend=cpu"])
     assert OmegaConf.select(config, "gdro.backend") == "cpu"
-    from verl_ext import GDROConfigError, gdro_config_from_dict
+    from recipe.gdro.startup.recipe_config import recipe_config_from_dict
+    from verl_ext import GDROConfigError
 
+    assert recipe_config_from_dict({"backend": "cpu"}).backend == "cpu"
     with pytest.raises(GDROConfigError, match="backend"):
-        gdro_config_from_dict({"backend": "tpu"})
+        recipe_config_from_dict({"backend": "tpu"})
 
 
 # ---------------------------------------------------------------------------------------- (i)

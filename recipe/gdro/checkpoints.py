@@ -1,5 +1,5 @@
 """The trainer's checkpoint files and their retention across restarts (``trainer.max_actor_ckpt_to_keep``,
-``trainer.max_critic_ckpt_to_keep``, ``MAX_CKPT_TO_KEEP``).
+``trainer.max_critic_ckpt_to_keep``).
 
 What a ``global_step_N`` folder holds. verl 0.9.1's ``_save_checkpoint``
 (``verl/trainer/ppo/v1/trainer_base.py``) writes, in this order, ``actor/`` (the actor worker's
