@@ -171,6 +171,26 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
         assert_row_close([str(c) for c in row], pasted, tolerance, f"docs/simulator.md dapo_like {m}")
 
 
+def test_headline_row_comparison_allows_the_machine_and_rounding_and_nothing_more():
+    """The comparison above, on issue 28's rows: the fresh AVX2 machine's rollout_gdro_sqrt row passes
+    against the docs' row; a moved SE reduction, a changed lr or a lost "↑" fails."""
+    from recipe.gdro.experiments.sweep import COMPARE_COLUMNS
+
+    tol = [HEADLINE_MACHINE_TOLERANCE[c] for c in COMPARE_COLUMNS]
+    head = "dapo_like|rollout_gdro_sqrt|×0.5|90.0 ± 4.3|"
+    docs = head + "47.7 ± 20.4|+0.0 [-0.0, +0.1]|+1.4 [-1.4, +4.1]|13.4|24.6|76.2|1.00"
+    avx2 = head + "47.6 ± 20.5|+0.0 [-0.0, +0.1]|+1.3 [-1.6, +4.1]|13.4|24.6|76.3|1.00"
+    assert_row_close(avx2.split("|"), docs.split("|"), tol, "issue 28")
+    for changed in (
+        docs.replace("|13.4|", "|13.6|"),  # SE reduction 0.2 points off: more than 0.05 + one digit
+        docs.replace("×0.5", "×1"),  # another lr
+        docs.replace("+4.1]", "+4.1] ↑"),  # a mark the docs do not have
+        docs.replace("|1.00", "|1.02"),
+    ):
+        with pytest.raises(AssertionError):
+            assert_row_close(changed.split("|"), docs.split("|"), tol, "changed")
+
+
 def test_no_references_to_documents_outside_the_repository():
     """The design brief lives outside the repository: code and docs cite the paper and docs/ instead."""
     marker = "DESIGN" + " §"  # spelt in two parts so this file does not match itself
