@@ -94,9 +94,9 @@ def _headline_rows(path: Path) -> dict[tuple[str, str], str]:
     return rows
 
 
-# How far a cell of the headline table may move with the machine alone, in its own unit (points; the
-# mass ratio is a ratio), beyond one unit of its last printed digit: about 3x the largest drift measured
-# (the test's docstring), at least 0.05. The lr, names and marks are text and must be equal.
+# How far a cell of a Rollout-GDRO row of the headline table may move with the machine alone, in its own
+# unit (points; the mass ratio is a ratio), beyond one unit of its last printed digit: about 3x the
+# largest drift measured (the test's docstring), at least 0.05. Names, lr and marks are text: equal.
 HEADLINE_MACHINE_TOLERANCE = {
     "scenario": 0.0,
     "method": 0.0,
@@ -123,8 +123,9 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     AVX-512, X86_V3 = AVX2, baseline); they differ in the last bit, Rollout-GDRO's allocator (a
     bisection on exp of the dual price, then integer counts) turns such a bit into a different
     allocation now and then, and the runs go on from there: the worst skill of 5 seeds moves most.
-    GRPO's row is bit-identical on every configuration measured. Making the allocator kernel-free is
-    not possible from here (libm's exp is CPU-dispatched too). Measured on the 2-core AMD EPYC (AVX-512)
+    GRPO's row is bit-identical on every configuration measured (to 3e-14 points), so it gets no
+    machine tolerance, only the rounding. Making the allocator kernel-free is not possible from here:
+    libm's exp has CPU-specific variants too. Measured on the 2-core AMD EPYC (AVX-512)
     dev machine, numpy 2.4.6, torch 2.13.0, with ``python tests/recipe_helpers/figures.py`` (it prints the
     unrounded figures and the kernels that ran) under each configuration, against the environment's
     own (OPENBLAS_CORETYPE=Haswell, 2 threads, numpy X86_V4, torch AVX512):
@@ -139,7 +140,11 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
       ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Nehalem OPENBLAS_NUM_THREADS=1): Δ worst-skill's CI
       bound 0.29, worst-skill 0.09, variance reduction 0.016, SE reduction 0.010, the rest below 0.005.
 
-    A real change of the code's result moves cells by more: the issue-28 report lists two.
+    What it still catches (each measured the same way): learner.forgetting 0.003 -> 0.0033 fails
+    (GRPO's worst skill prints 46.2 ± 20.4, and Δ mean gains a "↑"). What it cannot tell from a
+    change of machine, and neither could an exact comparison, which fails on both: allocator constants
+    moved by 20% (rollout.variance_beta 0.1 -> 0.12, mu_lr 0.05 -> 0.06, variance_prior 0.25 -> 0.2)
+    move these cells no more than numpy's AVX2 kernels do.
     """
     from recipe.gdro.experiments.sweep import COMPARE_COLUMNS, _compare_rows
     from recipe.gdro.sim.methods import lookup_tuned_lr
@@ -164,8 +169,9 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
         write_files=False,
     )
     got = _compare_rows("dapo_like", res, res["methods"]["grpo"], methods)
-    tolerance = [HEADLINE_MACHINE_TOLERANCE[c] for c in COMPARE_COLUMNS]
     for m, row in zip(methods, got, strict=True):
+        # GRPO has no allocator to turn a last bit into another run: its row is held to the rounding alone
+        tolerance = [0.0 if m == "grpo" else HEADLINE_MACHINE_TOLERANCE[c] for c in COMPARE_COLUMNS]
         # _compare_rows gives each row as its list of cells; the docs hold the rendered Markdown row
         pasted = [c.strip() for c in headline[("dapo_like", m)].strip("|").split("|")]
         assert_row_close([str(c) for c in row], pasted, tolerance, f"docs/simulator.md dapo_like {m}")
