@@ -5,8 +5,10 @@ things separate them even when the code is unchanged: the rounding (both sides p
 last digit, so equal values can print one unit of that digit apart) and the machine (another CPU's
 numpy kernels round the last bit of exp/log differently; the simulator's allocator turns such a bit
 into a different integer allocation, and the run moves on from there). :func:`assert_row_close`
-allows the rounding and a per-column tolerance for the machine, and nothing else: the text around
-the numbers (the lr label, the "–" of the reference row, a "↑" mark) must be the same.
+(rendered against printed: a whole unit of the last digit) and :func:`assert_unrounded_close` (the
+code's unrounded numbers, from :func:`compare_row_numbers`, against printed: half a unit) allow the
+rounding and a per-column tolerance for the machine, and nothing else: the text around the numbers
+(the lr label, the "–" of the reference row, a "↑" mark) must be the same.
 
 ``python tests/recipe_helpers/figures.py`` prints the full-precision figures behind the test's
 recomputed rows and the kernels that ran (OpenBLAS core and threads, numpy's dispatch target for
@@ -47,6 +49,59 @@ def assert_row_close(got: Sequence[str], pasted: Sequence[str], tolerance: Seque
                 f"{label} cell {i}: code {g!r} vs docs {p!r}: {a} is {abs(float(a) - float(b)):.2f} from {b}, "
                 f"more than the {allowed:.2f} allowed (machine tolerance {tol:g} + last digit)"
             )
+
+
+def assert_unrounded_close(
+    raw: Sequence[Sequence[float]], pasted: Sequence[str], tolerance: Sequence[float], label: str
+) -> None:
+    """The code's unrounded numbers against the docs' printed ones, cell for cell: each within
+    ``tolerance`` of its column plus half a unit of the docs' last printed digit (the docs' own
+    rounding). Tighter than comparing two rounded strings, which must allow a whole unit."""
+    assert len(raw) == len(pasted) == len(tolerance), (label, raw, pasted)
+    for i, (values, p, tol) in enumerate(zip(raw, pasted, tolerance, strict=True)):
+        tokens = NUMBER.findall(p)
+        assert len(values) == len(tokens), f"{label} cell {i}: docs {p!r} has {len(tokens)} numbers, code {values}"
+        for x, b in zip(values, tokens, strict=True):
+            allowed = tol + 0.5 * last_digit(b) + 1e-9
+            assert abs(x - float(b)) <= allowed, (
+                f"{label} cell {i}: the code's {x:.4f} is {abs(x - float(b)):.3f} from the docs' {b} ({p!r}), "
+                f"more than the {allowed:.3f} allowed (machine tolerance {tol:g} + the docs' rounding)"
+            )
+
+
+def compare_row_numbers(e: Mapping, ref: Mapping, same: bool) -> list[list[float]]:
+    """The unrounded numbers behind each cell of ``sweep._compare_rows``'s row for one method, in its
+    cells' order and units (points; lr and mass ratio as they are). A cell it prints as "–" has none."""
+    import numpy as np
+
+    from recipe.gdro.sim.simulate import paired_ci
+
+    def pm(k: str) -> list[float]:
+        return [100 * float(e[k]), 100 * float(e[k + "_std"])]
+
+    def delta(k: str) -> list[float]:
+        if same:
+            return []
+        mean, lo, hi, _ = paired_ci(e["per_seed"][k], ref["per_seed"][k])
+        return [100 * mean] if not np.isfinite(lo) else [100 * mean, 100 * lo, 100 * hi]
+
+    def pct(k: str) -> list[float]:
+        x = e[k]
+        return [] if x is None or not np.isfinite(x) else [100 * float(x)]
+
+    return [
+        [],  # scenario
+        [],  # method
+        [float(e["lr_scale"])],
+        pm("mean_accuracy"),
+        pm("worst_skill_accuracy"),
+        delta("mean_accuracy"),
+        delta("worst_skill_accuracy"),
+        pct("se_reduction"),
+        pct("variance_reduction"),
+        pct("efficiency"),
+        [float(e["advantage_mass_ratio"])],
+    ]
 
 
 def kernels() -> dict[str, object]:
