@@ -305,6 +305,6 @@ def test_share_division_adds_a_rare_bin_bias(num_groups, equal_ratio):
 
     # abs = the rounding of the figures as printed (the docs say ~21x and 2.45x); the machine adds
     # nothing: 20.9138/2.4527, 20.2606/2.4485, 21.9472/2.4587 (3, 2, 11 groups), bit-identical under
-    # numpy's AVX2 kernels, torch's AVX2 capability and 1 thread (issue 28)
+    # numpy's AVX2 and baseline kernels and 1 thread (issue 28)
     assert ratio(0.2) == pytest.approx(equal_ratio, abs=0.05)
     assert ratio(0.05) == pytest.approx(2.45, abs=0.01)
