@@ -21,6 +21,9 @@ def test_bench_overhead_runs_and_prompt_gdro_adds_no_transferqueue_write():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
+    # No timing threshold on purpose: timings depend on the machine and its load, so the ratios are
+    # only checked to be measured (> 0); what is pinned are integer counts (TransferQueue puts), the
+    # same on every machine. Not a pinned_figures test (issue 28): nothing here varies with BLAS/SIMD.
     for key in ("gdro_over_grpo", "scale_1m_over_14k"):
         assert result[key] > 0, key
     assert set(result["recipe_over_grpo"]) == {"observe", "prompt", "rollout", "joint"}

@@ -289,6 +289,7 @@ def test_adversary_weight_metric_is_relative_to_groups_in_batch():
     assert sum(m[k] for k in m if k.endswith("/adversary_prob")) == pytest.approx(1.0)
 
 
+@pytest.mark.pinned_figures
 @pytest.mark.parametrize("num_groups, equal_ratio", [(3, 20.9), (2, 20.3), (11, 21.95)])
 def test_share_division_adds_a_rare_bin_bias(num_groups, equal_ratio):
     """docs/controllers.md's figures: ℓ̄/q̂ up-weights a bin because it is rare. 8 of 256 prompts,
@@ -302,5 +303,8 @@ def test_share_division_adds_a_rare_bin_bias(num_groups, equal_ratio):
             q = pg.update(groups, np.where(groups == 0, rare_loss, 0.2))
         return q[0] / q[1]
 
+    # abs = the rounding of the figures as printed (the docs say ~21x and 2.45x); the machine adds
+    # nothing: 20.9138/2.4527, 20.2606/2.4485, 21.9472/2.4587 (3, 2, 11 groups), bit-identical under
+    # numpy's AVX2 and baseline kernels and 1 thread (issue 28)
     assert ratio(0.2) == pytest.approx(equal_ratio, abs=0.05)
     assert ratio(0.05) == pytest.approx(2.45, abs=0.01)

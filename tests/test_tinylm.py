@@ -197,6 +197,7 @@ def test_saved_model_loads_as_a_plain_hf_path(tok, tmp_path):
     torch.testing.assert_close(loaded(x).logits, model(x).logits)
 
 
+@pytest.mark.pinned_figures
 def test_shipped_base_is_small_loads_offline_and_spans_the_difficulty_range(tok):
     files = {p.name for p in BASE_MODEL_DIR.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
@@ -209,10 +210,19 @@ def test_shipped_base_is_small_loads_offline_and_spans_the_difficulty_range(tok)
     easy = [r for r in records if r["extra_info"]["skill"] == "add2"][:96]
     hard = [r for r in records if r["extra_info"]["skill"] == "mul2x2"][:96]
     result = tasks.evaluate(model, base_tok, easy + hard, samples=1, seed=0)
+    # Tolerances here are sampling error, not the machine: this re-measurement (1 sample on 96 of the
+    # recorded validation prompts) gave pass@1 95/96 add2 and 3/96 mul2x2 both under this machine's own
+    # kernels, under NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" ATEN_CPU_CAPABILITY=avx2
+    # OPENBLAS_NUM_THREADS=1, and with numpy's baseline kernels and ATEN_CPU_CAPABILITY=default (issue
+    # 28); a changed machine may flip a sampled token, 1/96 each.
     assert result["add2"]["pass1"] >= 0.8
     assert result["mul2x2"]["pass1"] <= 0.1
-    # the measured figures recorded beside the model agree with this re-measurement
-    assert abs(info["validation"]["add2"]["pass1"] - result["add2"]["pass1"]) < 0.12
+    # the measured figures recorded beside the model agree with this re-measurement: 4 binomial
+    # standard errors of the difference of two independent estimates (conservative: the 96 prompts are
+    # among the recorded ones) plus two flipped samples for the machine
+    rec = info["validation"]["add2"]
+    se = (rec["pass1"] * (1 - rec["pass1"]) * (1 / rec["n"] + 1 / len(easy))) ** 0.5
+    assert abs(rec["pass1"] - result["add2"]["pass1"]) <= 4 * se + 2 / len(easy), (rec, result["add2"], se)
     # the recorded evaluation spans the range the adversaries need: a saturated core, a frontier
     # (some skill at pass@1 0.2-0.6) and a skill the base almost never solves
     recorded = {k: v["pass1"] for k, v in info["validation"].items() if k != "all"}
