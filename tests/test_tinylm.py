@@ -437,7 +437,7 @@ def test_sft_collate_labels_only_the_response(tok):
 def test_direct_loop_runs_grpo_and_joint_gdro_on_the_base():
     from recipe.gdro.experiments.direct import run_direct
 
-    for method in ("grpo", "joint"):
+    for method in ("grpo", "joint_gdro"):
         result = run_direct(
             {"steps": 3, "prompts": 8, "n": 4, "num_train": 16, "num_val": 30, "method": method}, log=lambda *_: None
         )

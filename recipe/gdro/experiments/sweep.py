@@ -37,105 +37,74 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from recipe.gdro.results.runner import choose_lr
+from recipe.gdro.results.stats import paired_ci
 from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
-from recipe.gdro.sim.methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, default_methods, lookup_tuned_lr
 from recipe.gdro.sim.scenario import Scenario, load_scenario, shipped_scenarios
-from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, paired_ci, run_experiment
+from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, run_experiment
 
 LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
 GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
 TUNE_SEED0 = 100
 RELEASED_EDGES = [0.0, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0]
 
-P_OFF = {"enable": False}
-R_OFF = {"enable": False}
+RELEASED = "[" + ",".join(f"{e:g}" for e in RELEASED_EDGES) + "]"
+NORMALIZE_RELEASED = "prompt_gdro:prompt.normalize=all_responses"
 
 
-def _prompt(**kw: Any) -> dict[str, Any]:
-    binner = kw.pop("binner", None)
-    d: dict[str, Any] = {"prompt": {"enable": True, **kw}, "rollout": dict(R_OFF)}
-    if binner:
-        d["binner"] = binner
-    return d
+def tune_methods() -> list[str]:
+    """Tuned methods: the simulator's default comparison and Prompt-GDRO with the released normalisation."""
+    return [*default_methods(), NORMALIZE_RELEASED]
 
 
-def _rollout(allocator: str = "sqrt", binner: Optional[dict] = None, **kw: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"prompt": dict(P_OFF), "rollout": {"enable": True, "allocator": allocator, **kw}}
-    if binner:
-        d["binner"] = binner
-    return d
-
-
-# Tuned methods: the six presets and Prompt-GDRO with the released normalisation.
-TUNE_PRESETS: dict[str, dict[str, Any]] = {
-    **{m: METHOD_PRESETS[m] for m in DEFAULT_METHODS},
-    "prompt_gdro-normalize_all_responses": _prompt(normalize="all_responses"),
-}
-
-# Defaults study: (question, variant name, preset, the tuned method whose lr it uses, label).
-DEFAULTS_VARIANTS: list[tuple[str, str, dict[str, Any], str, str]] = [
-    (
-        "Prompt-GDRO loss signal",
-        "prompt_gdro-failure_rate",
-        _prompt(loss_signal="failure_rate"),
-        "prompt_gdro",
-        "failure_rate",
-    ),
+# Defaults study: (question, the variant: a registry method with overrides, the tuned method whose lr
+# it uses, label). Every variant is a method of config/method/ plus gdro overrides (sim/methods.py).
+DEFAULTS_VARIANTS: list[tuple[str, str, str, str]] = [
+    ("Prompt-GDRO loss signal", "prompt_gdro:prompt.loss_signal=failure_rate", "prompt_gdro", "failure_rate"),
     (
         "Prompt-GDRO normalisation",
-        "prompt_gdro-normalize_all_responses",
-        TUNE_PRESETS["prompt_gdro-normalize_all_responses"],
-        "prompt_gdro-normalize_all_responses",
+        NORMALIZE_RELEASED,
+        NORMALIZE_RELEASED,
         "all_responses (released; own tuned lr)",
     ),
-    ("Prompt-GDRO lagged weights", "prompt_gdro-lagged", _prompt(lagged=True), "prompt_gdro", "lagged=true"),
+    ("Prompt-GDRO lagged weights", "prompt_gdro:prompt.lagged=true", "prompt_gdro", "lagged=true"),
     (
         "Bins (Prompt-GDRO)",
-        "prompt_gdro-released_edges",
-        _prompt(binner={"bin_edges": RELEASED_EDGES}),
+        f"prompt_gdro:binner.bin_edges={RELEASED}",
         "prompt_gdro",
         "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)",
     ),
     (
         "Rollout-GDRO variance source",
-        "rollout_gdro_sqrt-variance_prompt",
-        _rollout(variance_source="prompt"),
-        "rollout_gdro_sqrt",
+        "rollout_gdro:rollout.variance_source=prompt",
+        "rollout_gdro",
         "variance_source=prompt",
     ),
     (
         "Bins (Rollout-GDRO sqrt)",
-        "rollout_gdro_sqrt-released_edges",
-        _rollout(binner={"bin_edges": RELEASED_EDGES}),
-        "rollout_gdro_sqrt",
+        f"rollout_gdro:binner.bin_edges={RELEASED}",
+        "rollout_gdro",
         "released edges (7 bins)",
     ),
     (
         "Joint-mode coupling",
-        "joint-divide_by_allocation",
-        {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True}},
-        "joint",
+        "joint_gdro:prompt.rollout_coupling=divide_by_allocation",
+        "joint_gdro",
         "divide_by_allocation",
     ),
 ]
 # Further variants, run only with ``study --full`` (left out of the timed evidence run).
-DEFAULTS_EXTRA: list[tuple[str, str, dict[str, Any], str, str]] = [
+DEFAULTS_EXTRA: list[tuple[str, str, str, str]] = [
     (
         "Prompt-GDRO loss signal",
-        "prompt_gdro-mean_abs_advantage",
-        _prompt(loss_signal="mean_abs_advantage"),
+        "prompt_gdro:prompt.loss_signal=mean_abs_advantage",
         "prompt_gdro",
         "mean_abs_advantage",
     ),
-    ("Bins (Prompt-GDRO)", "prompt_gdro-bins6", _prompt(binner={"num_bins": 6}), "prompt_gdro", "K = 6 equal-width"),
-    (
-        "Bins (Rollout-GDRO sqrt)",
-        "rollout_gdro_sqrt-bins6",
-        _rollout(binner={"num_bins": 6}),
-        "rollout_gdro_sqrt",
-        "K = 6 equal-width",
-    ),
+    ("Bins (Prompt-GDRO)", "prompt_gdro:binner.num_bins=6", "prompt_gdro", "K = 6 equal-width"),
+    ("Bins (Rollout-GDRO sqrt)", "rollout_gdro:binner.num_bins=6", "rollout_gdro", "K = 6 equal-width"),
 ]
 # The reference row of each question: the current verl_ext default (a headline method).
 QUESTION_DEFAULT = {
@@ -143,14 +112,14 @@ QUESTION_DEFAULT = {
     "Prompt-GDRO normalisation": ("prompt_gdro", "advantage_mass [default]"),
     "Prompt-GDRO lagged weights": ("prompt_gdro", "lagged=false [default]"),
     "Bins (Prompt-GDRO)": ("prompt_gdro", "K = 10 equal-width [default]"),
-    "Rollout-GDRO allocator": ("rollout_gdro_sqrt", "sqrt [default]"),
-    "Rollout-GDRO variance source": ("rollout_gdro_sqrt", "variance_source=bin [default]"),
-    "Bins (Rollout-GDRO sqrt)": ("rollout_gdro_sqrt", "K = 10 equal-width [default]"),
-    "Joint-mode coupling": ("joint", "none [default]"),
+    "Rollout-GDRO allocator": ("rollout_gdro", "sqrt [default]"),
+    "Rollout-GDRO variance source": ("rollout_gdro", "variance_source=bin [default]"),
+    "Bins (Rollout-GDRO sqrt)": ("rollout_gdro", "K = 10 equal-width [default]"),
+    "Joint-mode coupling": ("joint_gdro", "none [default]"),
 }
 ALLOCATOR_ROWS = [
-    ("rollout_gdro_bandit", "bandit"),
-    ("rollout_gdro_knapsack", "knapsack"),
+    ("rollout_gdro:rollout.allocator=bandit", "bandit"),
+    ("rollout_gdro:rollout.allocator=knapsack", "knapsack"),
     ("grpo", "uniform (= GRPO)"),
 ]
 
@@ -216,18 +185,19 @@ def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TU
     curve_rows: list[list[Any]] = []
     for name in scenarios:
         sc = load_scenario(name)
-        grid_runs: dict[str, dict[float, float]] = {m: {} for m in TUNE_PRESETS}
+        tuned_methods = tune_methods()
+        grid_runs: dict[str, dict[float, float]] = {m: {} for m in tuned_methods}
         scales = sorted(set(LR_GRID + GRPO_EXTRA))
         for g in scales:
-            methods = [m for m in TUNE_PRESETS if g in LR_GRID or m == "grpo"]
+            methods = [m for m in tuned_methods if g in LR_GRID or m == "grpo"]
             names = [f"{m}@{g:g}" for m in methods]
-            presets = {f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods}
-            res = spec.run(sc, out, names, presets=presets, lr_scales={n: g for n in names})
+            variants = {f"{m}@{g:g}": m for m in methods}
+            res = spec.run(sc, out, names, variants=variants, lr_scales={n: g for n in names})
             for m, n in zip(methods, names, strict=True):
                 grid_runs[m][g] = float(res["methods"][n]["mean_accuracy"])
         for m, by in grid_runs.items():
             in_grid = {g: v for g, v in by.items() if g in LR_GRID}
-            best = max(in_grid, key=lambda g: (in_grid[g], -abs(np.log(g))))  # ties: the scale closest to 1
+            best = choose_lr({g: [v] for g, v in in_grid.items()}, prefer="nearest_one")
             rows.append(
                 {
                     "scenario": sc.name,
@@ -361,38 +331,35 @@ def study(
     summary: dict[str, Any] = {}
     for name in scenarios:
         sc = load_scenario(name)
-        tuned = lookup_tuned_lr(sc.name, learner, list(TUNE_PRESETS), table_path)
-        lr_note = "each method at its own tuned lr (× base): " + ", ".join(
-            f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS
-        )
+        methods = default_methods()
+        tuned = lookup_tuned_lr(sc.name, learner, tune_methods(), table_path)
+        lr_note = "each method at its own tuned lr (× base): " + ", ".join(f"{m} ×{tuned[m]:g}" for m in methods)
         headline = spec.run(
             sc,
             os.path.join(out, sc.name),
-            DEFAULT_METHODS,
+            methods,
             lr_scales=tuned,
             write_files=True,
             lr_note=lr_note,
             title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`",
         )
         ref = headline["methods"]["grpo"]
-        head += _compare_rows(sc.name, headline, ref, DEFAULT_METHODS)
-        outcome_head += _outcomes(sc.name, headline, ref, DEFAULT_METHODS, "tuned GRPO")
+        head += _compare_rows(sc.name, headline, ref, methods)
+        outcome_head += _outcomes(sc.name, headline, ref, methods, "tuned GRPO")
 
         # Equal advantage mass and the defaults study: one batch of runs (no files, no plots).
-        presets: dict[str, dict[str, Any]] = {}
+        specs: dict[str, str] = {}
         scales: dict[str, float] = {}
-        eq_names = [f"eqmass-{m}" for m in DEFAULT_METHODS if m != "grpo"]
-        for m in DEFAULT_METHODS:
+        eq_names = [f"eqmass-{m}" for m in methods if m != "grpo"]
+        for m in methods:
             if m == "grpo":
                 continue
-            p = json.loads(json.dumps(METHOD_PRESETS[m]))
-            p["prompt"]["normalize"] = "advantage_mass"
-            presets[f"eqmass-{m}"] = p
+            specs[f"eqmass-{m}"] = f"{m}:prompt.normalize=advantage_mass"
             scales[f"eqmass-{m}"] = tuned["grpo"]
-        for _, vname, preset, lr_of, _ in variants:
-            presets[vname] = preset
-            scales[vname] = tuned[lr_of]
-        extra = spec.run(sc, os.path.join(out, sc.name), list(presets), presets=presets, lr_scales=scales)
+        for _, vspec, lr_of, _ in variants:
+            specs[vspec] = vspec
+            scales[vspec] = tuned[lr_of]
+        extra = spec.run(sc, os.path.join(out, sc.name), list(specs), variants=specs, lr_scales=scales)
         both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
         eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
         outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
@@ -401,7 +368,7 @@ def study(
             rows = [(ref_label, ref_m)]
             if q == "Rollout-GDRO allocator":
                 rows += [(label, m) for m, label in ALLOCATOR_ROWS]
-            rows += [(label, v) for qq, v, _, _, label in variants if qq == q]
+            rows += [(label, v) for qq, v, _, label in variants if qq == q]
             for label, v in rows:
                 e = both["methods"][v]
                 dft.append(
