@@ -57,22 +57,34 @@ def test_readme_links_to_docs_that_exist():
         assert (REPO / name).exists()
 
 
+def _tables(lines: list[str]) -> list[list[str]]:
+    """Every Markdown table in ``lines``: its header, separator and rows."""
+    out, cur = [], []
+    for ln in lines + [""]:
+        if ln.startswith("|"):
+            cur.append(ln)
+        elif cur:
+            out.append(cur)
+            cur = []
+    return [t for t in out if len(t) > 1 and t[1].startswith("|---")]
+
+
 def test_readme_results_tables_are_the_ones_commands_write():
-    """The README's tables are the config reference and the tiny-LM study's primary family, as
-    ``recipe.gdro.experiments.study primary`` writes it (its columns, its declared comparisons in order); the
-    simulator's tables have one home, docs/simulator.md, where the headline table is sim_sweep's."""
-    from recipe.gdro.experiments.study import PRIMARY_COLUMNS, primary_comparisons
-    from recipe.gdro.results.table import markdown_row
+    """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
+    tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study/REPORT.md,
+    which tests/test_study.py regenerates from the committed runs), except the previous study's, kept
+    under its own heading; the simulator's headline table is sim_sweep's headline.md."""
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    headers = {
-        ln for ln, nxt in zip(lines, lines[1:] + [""], strict=True) if ln.startswith("| ") and nxt.startswith("|---")
-    }
-    assert headers == {"| key | default | meaning |", markdown_row(PRIMARY_COLUMNS)}, headers
-    start = lines.index(markdown_row(PRIMARY_COLUMNS)) + 2
-    names = [ln.split("|")[1].strip() for ln in lines[start:] if ln.startswith("| ")][: len(primary_comparisons())]
-    assert names == [c.name for c in primary_comparisons()]
+    assert [t[0] for t in _tables(lines)] == ["| key | default | meaning |"]
+    doc = (REPO / "docs" / "tiny_lm.md").read_text(encoding="utf-8")
+    study = doc[doc.index("## The study") :]
+    current, _, previous = study.partition("## The previous study (before protocol files)")
+    assert previous, "the pre-protocol study's tables sit under their own heading"
+    report = (REPO / "results" / "tiny_lm_study" / "REPORT.md").read_text(encoding="utf-8")
+    for table in _tables(current.splitlines()):
+        assert "\n".join(table) in report, f"docs/tiny_lm.md table not in REPORT.md: {table[0]}"
     sim = (REPO / "docs" / "simulator.md").read_text(encoding="utf-8").splitlines()
     assert COMPARE_HEADER in sim, "docs/simulator.md's headline table is sim_sweep's headline.md"
 
@@ -94,18 +106,18 @@ def _headline_rows(path: Path) -> dict[tuple[str, str], str]:
 
 def test_simulator_headline_numbers_are_what_the_code_produces():
     """Not only the header: every row's lr in docs/simulator.md's headline table is the shipped tuned lr,
-    and two rows (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4 at tuned lr) are
+    and two rows (dapo_like grpo and rollout_gdro, seeds 0-4 at tuned lr) are
     recomputed with the current code and must match cell for cell, so stale numbers fail."""
+    from recipe.gdro.experiments.sweep import _compare_rows
     from recipe.gdro.sim.methods import lookup_tuned_lr
     from recipe.gdro.sim.scenario import load_scenario
     from recipe.gdro.sim.simulate import run_experiment
-    from recipe.gdro.experiments.sweep import _compare_rows
 
     headline = _headline_rows(REPO / "docs" / "simulator.md")
     for (scen, method), line in headline.items():
         lr = lookup_tuned_lr(scen, "shared", [method])[method]
         assert f"| {scen} | {method} | ×{lr:g} |" in line, (line, lr)
-    methods = ["grpo", "rollout_gdro_sqrt"]
+    methods = ["grpo", "rollout_gdro"]
     sc = load_scenario("dapo_like")
     res = run_experiment(
         sc,

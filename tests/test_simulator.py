@@ -95,9 +95,7 @@ def test_total_rollouts_equal_across_methods(tmp_path):
         recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), e["metrics_files"][0]))
         assert [r["sim/rollouts_total"] for r in recs] == [sc.batch_size * sc.n_mean] * 30
     # the rollout methods really did vary the per-prompt counts (otherwise equality is trivial)
-    recs = gdro_plot.read_metrics_jsonl(
-        os.path.join(str(tmp_path), res["methods"]["rollout_gdro"]["metrics_files"][0])
-    )
+    recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), res["methods"]["rollout_gdro"]["metrics_files"][0]))
     rpp = [
         v
         for r in recs
@@ -518,8 +516,10 @@ def test_paired_ci():
 
 
 def test_lr_scale_and_tuned_lr_lookup(tmp_path):
+    from recipe.gdro.experiments.sweep import load_plan, tune_methods
     from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
-    from recipe.gdro.experiments.sweep import LR_GRID, tune_methods
+
+    LR_GRID = load_plan().lr_grid
 
     r = run_one(tiny(), "grpo", 0, steps=2, lr_scale=2.0)
     assert r["lr"] == pytest.approx(0.04) and r["lr_scale"] == 2.0
@@ -540,8 +540,10 @@ def test_lr_scale_and_tuned_lr_lookup(tmp_path):
 
 def test_docs_tables_have_the_format_the_commands_write():
     """Every results table in docs/simulator.md is pasted from a command's output: same header."""
+    from recipe.gdro.experiments.sweep import COMPARE_HEADER, DEFAULTS_HEADER, lr_curve_header
     from recipe.gdro.sim.simulate import RESULTS_HEADER
-    from recipe.gdro.experiments.sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
+
+    LR_CURVE_HEADER = lr_curve_header()
 
     docs = open(os.path.join(REPO, "docs", "simulator.md"), encoding="utf-8").read()
     assert COMPARE_HEADER in docs, "the headline table is sim_sweep's headline.md"
@@ -712,9 +714,10 @@ def test_methods_are_the_registry_files_and_variants_are_overrides_on_them():
         shipped = OmegaConf.to_container(OmegaConf.load(METHOD_DIR / f"{name}.yaml"))["gdro"]
         got = build_gdro_dict(sc, name, {}, seed=0)
         assert got["binner"]["hysteresis"] == shipped["binner"]["hysteresis"], name
-        assert got["prompt"]["enable"] == shipped["prompt"]["enable"] and got["rollout"]["enable"] == shipped[
-            "rollout"
-        ]["enable"]
+        assert (
+            got["prompt"]["enable"] == shipped["prompt"]["enable"]
+            and got["rollout"]["enable"] == shipped["rollout"]["enable"]
+        )
     assert build_gdro_dict(sc, "prompt_gdro", {}, seed=0)["binner"]["hysteresis"] == 0.03
     bandit = build_gdro_dict(sc, "rollout_gdro:rollout.allocator=bandit", {"binner": {"num_bins": 6}}, seed=0)
     assert bandit["rollout"]["allocator"] == "bandit" and bandit["binner"]["num_bins"] == 6

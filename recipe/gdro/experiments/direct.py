@@ -26,10 +26,11 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,12 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
+from recipe.gdro.config.registry import method_config, method_names, parse_overrides
 from recipe.gdro.tinylm import policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 from verl_ext import GDROController
+from verl_ext.binner import aggregate_responses
 from verl_ext.config import gdro_config_from_dict
-
-METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
 
 
 @dataclass
@@ -59,8 +60,13 @@ class DirectConfig:
     lr: float = 3e-4
     temperature: float = 1.0
     max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
-    method: str = "grpo"
+    method: str = "grpo"  # a config/method/<name>.yaml (grpo, prompt_gdro, rollout_gdro, joint_gdro)
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
+    # Binner warm start (issue 26 item 7): before step 1, sample warm_start responses per training
+    # prompt with the model being trained and record them in the binner only (no update, no
+    # adversary step). Its rollouts and tokens count in the budget: the run trains
+    # steps - warm_start * num_train / (prompts * n) steps, which must be a whole number.
+    warm_start: int = 0
     num_train: int = 8000
     train_file: str | None = None  # train on these rows (data_prep/arith.py's parquet schema) instead
     num_val: int = 1000
@@ -84,22 +90,24 @@ class DirectConfig:
     )
 
 
-def method_gdro(method: str, n: int) -> dict[str, Any]:
-    """The ``gdro:`` section of a method (GRPO keeps the binner observing, adversaries off)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-    return {
-        "observe": True,
-        "prompt": {"enable": method in ("prompt_gdro", "joint")},
-        "rollout": {"enable": method in ("rollout_gdro", "joint"), "n_mean": n},
-    }
+def method_gdro(method: str, n: int, overrides: dict | None = None) -> dict[str, Any]:
+    """The ``gdro:`` section of a run: ``config/method/<method>.yaml`` (the registry), the binner
+    observing (GRPO logs its bins too), n̄ = ``n``, then ``overrides``; the method's switches win."""
+    return method_config(method, {"observe": True, "rollout": {"n_mean": n}}, overrides or {})
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def warm_steps(config: DirectConfig) -> int:
+    """Training steps the warm start's rollouts replace (ValueError unless a whole number of steps)."""
+    if config.warm_start <= 0:
+        return 0
+    spent = config.warm_start * config.num_train
+    per_step = config.prompts * config.n
+    if spent % per_step or spent // per_step >= config.steps:
+        raise ValueError(
+            f"warm_start={config.warm_start}: {spent} warm-up rollouts must be a whole number of steps of "
+            f"{per_step} rollouts, fewer than steps={config.steps}"
+        )
+    return spent // per_step
 
 
 def resolve_device(name: str) -> torch.device:
@@ -136,7 +144,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
     # As the recipe's trainer builds it: the actor's loss_agg_mode sets Prompt-GDRO's mass units.
     ctl = GDROController(
-        gdro_config_from_dict(_merge(method_gdro(config.method, config.n), config.gdro)),
+        gdro_config_from_dict(method_gdro(config.method, config.n, config.gdro)),
         len(train),
         loss_agg_mode=config.actor["loss_agg_mode"],
         max_response_length=config.max_new_tokens,
@@ -155,15 +163,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     # The learning curve: validation accuracy against cumulative generated tokens and rollouts.
     curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before)}]
     tokens_total = rollouts_total = 0
-    t_train = time.perf_counter()
-    for step in range(config.steps):
-        t_step = time.perf_counter()
-        if cursor + config.prompts > len(order):
-            order, cursor = rng.permutation(len(train)), 0
-        ids = order[cursor : cursor + config.prompts]
-        cursor += config.prompts
-        counts = ctl.schedule(ids)
-        pid = np.repeat(ids, counts)
+
+    def rollouts(pid: np.ndarray) -> tuple[list, np.ndarray]:
+        """Sample one response per entry of ``pid`` (prompt ids) and score each: (responses, correct)."""
         out = policy.sample(
             model,
             [prompt_tokens[i] for i in pid],
@@ -183,6 +185,34 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 for i, (r, _) in zip(pid, out, strict=True)
             ]
         )
+        return out, acc
+
+    first_step = warm_steps(config)
+    if first_step:  # the binner warm start: every training prompt visited once, k samples, binner only
+        warm = np.repeat(np.arange(len(train)), config.warm_start)
+        chunk = config.prompts * config.n
+        for lo in range(0, len(warm), chunk):
+            pid = warm[lo : lo + chunk]
+            out, acc = rollouts(pid)
+            ids, correct, counts, nonfinite = aggregate_responses(pid, acc)
+            ctl.binner.update(ids, correct, counts, num_nonfinite=nonfinite)
+            mask = policy.rollout_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)["response_mask"]
+            tokens_total += int(mask.sum())  # counted as the training steps count them
+            rollouts_total += len(pid)
+        log(f"warm start: {len(warm)} rollouts, {tokens_total} tokens (= {first_step} steps' rollouts)")
+        curve[0].update(tokens=tokens_total, rollouts=rollouts_total)
+    t_train = time.perf_counter()
+    for step in range(first_step, config.steps):
+        t_step = time.perf_counter()
+        if cursor + config.prompts > len(order):
+            order, cursor = rng.permutation(len(train)), 0
+        ids = order[cursor : cursor + config.prompts]
+        cursor += config.prompts
+        # the cold start (issue 26 item 7): the share of the batch the binner has never seen
+        unseen = float(np.mean(ctl.binner.visits_of(ids) == 0))
+        counts = ctl.schedule(ids)
+        pid = np.repeat(ids, counts)
+        out, acc = rollouts(pid)
         batch = policy.rollout_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)
         lengths = batch["response_mask"].sum(1)
         rewards = torch.zeros_like(batch["old_log_probs"])
@@ -211,6 +241,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 "train/response_length": float(lengths.float().mean()),
                 "train/rollouts": int(len(pid)),
                 "train/tokens": int(lengths.sum()),
+                "train/unseen_share": unseen,
                 "train/adv_token_mass": adv_token_mass,
                 "train/weighted_adv_token_mass": weighted_mass,
                 "time/step_s": time.perf_counter() - t_step,
@@ -246,49 +277,52 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     }
 
 
-def parse_gdro_overrides(items: list[str]) -> dict[str, Any]:
-    """``["rollout.budget=tokens", "prompt.eta=0.1"]`` -> a nested dict (values parsed as YAML)."""
-    import yaml
+@dataclass
+class _CliOnly:
+    """Flags of the command line that are not run settings."""
 
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{item!r} is not KEY=VALUE")
-        node = out
-        *parents, leaf = key.removeprefix("gdro.").split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(text)
-    return out
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    threads: int = field(default=1, metadata={"help": "torch threads"})
+    gdro: list[str] = field(
+        default_factory=list,
+        metadata={
+            "action": "extend",
+            "metavar": "KEY=VALUE",
+            "help": "a gdro.* override over the method's, e.g. rollout.budget=tokens (repeatable)",
+        },
     )
-    d = DirectConfig()
-    p.add_argument("--model_path", default=d.model_path)
-    p.add_argument("--method", choices=METHODS, default=d.method)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--prompts", type=int, default=d.prompts)
-    p.add_argument("--n", type=int, default=d.n)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--num_train", type=int, default=d.num_train, help="training prompts (revisits need few)")
-    p.add_argument("--eval_samples", type=int, default=d.eval_samples)
-    p.add_argument("--eval_every", type=int, default=d.eval_every, help="validate every k steps too (0: off)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--device", default=d.device, help="cpu, cuda[:N] or auto (CUDA when present)")
-    p.add_argument(
-        "--gdro",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a gdro.* override over the method's, e.g. rollout.budget=tokens (repeatable)",
-    )
-    p.add_argument("--out", default=None, help="write the result (without the model) as JSON here")
-    return p.parse_args(argv)
+    out: str | None = field(default=None, metadata={"help": "write the result (without the model) as JSON here"})
+
+
+_HELP = {
+    "method": "a method of recipe/gdro/config/method/ (the registry)",
+    "num_train": "training prompts (revisits need few)",
+    "eval_every": "validate every k steps too (0: off)",
+    "device": "cpu, cuda[:N] or auto (CUDA when present)",
+    "warm_start": "binner warm start: k samples per training prompt before step 1, counted in the budget",
+}
+
+
+def build_parser():
+    """``transformers.HfArgumentParser`` over :class:`DirectConfig`'s scalar fields plus the CLI's own flags:
+    each flag is its field (name, type, default), written once."""
+    from transformers import HfArgumentParser
+
+    hints = typing.get_type_hints(DirectConfig)
+    fields = []
+    for f in dataclasses.fields(DirectConfig):
+        if f.name == "gdro" or hints[f.name] is dict:
+            continue
+        meta = {"help": _HELP.get(f.name, "")}
+        if f.name == "method":
+            meta["choices"] = list(method_names())
+        fields.append((f.name, hints[f.name], field(default=f.default, metadata=meta)))
+    cli = dataclasses.make_dataclass("DirectArgs", fields, bases=(_CliOnly,))
+    return HfArgumentParser(cli, description=__doc__.split("\n\n")[0])
+
+
+def parse_args(argv=None):
+    (args,) = build_parser().parse_args_into_dataclasses(list(sys.argv[1:] if argv is None else argv))
+    return args
 
 
 def main(argv=None) -> int:
@@ -306,26 +340,20 @@ def main(argv=None) -> int:
         print(f"error: --device: {e}", file=sys.stderr)
         return 2
     try:
-        gdro = parse_gdro_overrides(args.gdro)
-        gdro_config_from_dict(_merge(method_gdro(args.method, args.n), gdro))
+        gdro = parse_overrides(args.gdro, what="--gdro")
+        gdro_config_from_dict(method_gdro(args.method, args.n, gdro))
     except ValueError as e:
         print(f"error: --gdro: {e}", file=sys.stderr)
         return 2
-    torch.set_num_threads(args.threads)
     config = DirectConfig(
-        gdro=gdro,
-        model_path=args.model_path,
-        method=args.method,
-        steps=args.steps,
-        prompts=args.prompts,
-        n=args.n,
-        lr=args.lr,
-        seed=args.seed,
-        num_train=args.num_train,
-        eval_samples=args.eval_samples,
-        eval_every=args.eval_every,
-        device=args.device,
+        gdro=gdro, **{f.name: getattr(args, f.name) for f in dataclasses.fields(DirectConfig) if hasattr(args, f.name)}
     )
+    try:
+        warm_steps(config)
+    except ValueError as e:
+        print(f"error: --warm_start: {e}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
     result = run_direct(config)
     result.pop("model")
     if args.out:

@@ -1,10 +1,14 @@
 """Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
-    python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
-    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2] [--full]
+The plan (lr grid, tuning seeds, the defaults study's variants) is data: ``protocols/sim_sweep.yaml``,
+read when a sweep runs (:func:`load_plan`).
+
+    python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner L] [--tune-seeds 3] [--workers W]
+    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner L] [--seeds 5] [--workers W]
+                                                  [--full]
     python -m recipe.gdro.experiments.sweep all   (tune, then study)
 
-``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
+``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × the plan's grid of the
 scenario's lr (GRPO also × 8, for the lr curve) on TUNING seeds 100, 101, ... and picks, per
 method, the multiplier with the best tuning metric (final held-out mean accuracy, mean over the
 tuning seeds). It writes ``recipe/gdro/sim/scenarios/tuned_lr.csv`` (read by ``simulate --tuned-lr``
@@ -33,6 +37,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -41,89 +46,63 @@ from recipe.gdro.results.runner import choose_lr
 from recipe.gdro.results.stats import paired_ci
 from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
-from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, default_methods, lookup_tuned_lr
+from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, check_method, default_methods, lookup_tuned_lr
 from recipe.gdro.sim.scenario import Scenario, load_scenario, shipped_scenarios
 from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, run_experiment
 
-LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
-GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
-TUNE_SEED0 = 100
-RELEASED_EDGES = [0.0, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0]
+SWEEP_PLAN = Path(__file__).resolve().parent / "protocols" / "sim_sweep.yaml"
 
-RELEASED = "[" + ",".join(f"{e:g}" for e in RELEASED_EDGES) + "]"
-NORMALIZE_RELEASED = "prompt_gdro:prompt.normalize=all_responses"
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The sweep's plan, read from ``protocols/sim_sweep.yaml`` (its comments say what each key is)."""
+
+    lr_grid: tuple[float, ...]
+    grpo_extra: tuple[float, ...]
+    tune_seed0: int
+    extra_tuned: tuple[str, ...]
+    defaults: tuple[tuple[str, str, str, str], ...]  # (question, variant, lr_of, label)
+    defaults_full: tuple[tuple[str, str, str, str], ...]
+    question_default: dict[str, tuple[str, str]]
+    allocator_rows: tuple[tuple[str, str], ...]
+
+    def tune_methods(self) -> list[str]:
+        """Tuned methods: the simulator's default comparison and the plan's extras."""
+        return [*default_methods(), *self.extra_tuned]
+
+    def lr_curve_columns(self) -> tuple[str, ...]:
+        return ("scenario", "method", *(f"lr ×{g:g}" for g in self.lr_grid + self.grpo_extra), "best")
+
+
+def load_plan(path: str | os.PathLike = SWEEP_PLAN) -> SweepPlan:
+    """Read and check the sweep's plan: every method and variant must be a registry method."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        d = yaml.safe_load(f)
+    rows = lambda key: tuple((r["question"], r["variant"], r["lr_of"], r["label"]) for r in d.get(key, []))  # noqa: E731
+    plan = SweepPlan(
+        lr_grid=tuple(float(g) for g in d["lr_grid"]),
+        grpo_extra=tuple(float(g) for g in d.get("grpo_extra", [])),
+        tune_seed0=int(d["tune_seed0"]),
+        extra_tuned=tuple(d.get("extra_tuned", [])),
+        defaults=rows("defaults"),
+        defaults_full=rows("defaults_full"),
+        question_default={q: (m, label) for q, (m, label) in d["question_default"].items()},
+        allocator_rows=tuple((m, label) for m, label in d["allocator_rows"]),
+    )
+    for spec in [*plan.extra_tuned, *(v for r in plan.defaults + plan.defaults_full for v in r[1:3])]:
+        try:
+            check_method(spec)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    return plan
 
 
 def tune_methods() -> list[str]:
-    """Tuned methods: the simulator's default comparison and Prompt-GDRO with the released normalisation."""
-    return [*default_methods(), NORMALIZE_RELEASED]
+    return load_plan().tune_methods()
 
 
-# Defaults study: (question, the variant: a registry method with overrides, the tuned method whose lr
-# it uses, label). Every variant is a method of config/method/ plus gdro overrides (sim/methods.py).
-DEFAULTS_VARIANTS: list[tuple[str, str, str, str]] = [
-    ("Prompt-GDRO loss signal", "prompt_gdro:prompt.loss_signal=failure_rate", "prompt_gdro", "failure_rate"),
-    (
-        "Prompt-GDRO normalisation",
-        NORMALIZE_RELEASED,
-        NORMALIZE_RELEASED,
-        "all_responses (released; own tuned lr)",
-    ),
-    ("Prompt-GDRO lagged weights", "prompt_gdro:prompt.lagged=true", "prompt_gdro", "lagged=true"),
-    (
-        "Bins (Prompt-GDRO)",
-        f"prompt_gdro:binner.bin_edges={RELEASED}",
-        "prompt_gdro",
-        "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)",
-    ),
-    (
-        "Rollout-GDRO variance source",
-        "rollout_gdro:rollout.variance_source=prompt",
-        "rollout_gdro",
-        "variance_source=prompt",
-    ),
-    (
-        "Bins (Rollout-GDRO sqrt)",
-        f"rollout_gdro:binner.bin_edges={RELEASED}",
-        "rollout_gdro",
-        "released edges (7 bins)",
-    ),
-    (
-        "Joint-mode coupling",
-        "joint_gdro:prompt.rollout_coupling=divide_by_allocation",
-        "joint_gdro",
-        "divide_by_allocation",
-    ),
-]
-# Further variants, run only with ``study --full`` (left out of the timed evidence run).
-DEFAULTS_EXTRA: list[tuple[str, str, str, str]] = [
-    (
-        "Prompt-GDRO loss signal",
-        "prompt_gdro:prompt.loss_signal=mean_abs_advantage",
-        "prompt_gdro",
-        "mean_abs_advantage",
-    ),
-    ("Bins (Prompt-GDRO)", "prompt_gdro:binner.num_bins=6", "prompt_gdro", "K = 6 equal-width"),
-    ("Bins (Rollout-GDRO sqrt)", "rollout_gdro:binner.num_bins=6", "rollout_gdro", "K = 6 equal-width"),
-]
-# The reference row of each question: the current verl_ext default (a headline method).
-QUESTION_DEFAULT = {
-    "Prompt-GDRO loss signal": ("prompt_gdro", "learnability [default]"),
-    "Prompt-GDRO normalisation": ("prompt_gdro", "advantage_mass [default]"),
-    "Prompt-GDRO lagged weights": ("prompt_gdro", "lagged=false [default]"),
-    "Bins (Prompt-GDRO)": ("prompt_gdro", "K = 10 equal-width [default]"),
-    "Rollout-GDRO allocator": ("rollout_gdro", "sqrt [default]"),
-    "Rollout-GDRO variance source": ("rollout_gdro", "variance_source=bin [default]"),
-    "Bins (Rollout-GDRO sqrt)": ("rollout_gdro", "K = 10 equal-width [default]"),
-    "Joint-mode coupling": ("joint_gdro", "none [default]"),
-}
-ALLOCATOR_ROWS = [
-    ("rollout_gdro:rollout.allocator=bandit", "bandit"),
-    ("rollout_gdro:rollout.allocator=knapsack", "knapsack"),
-    ("grpo", "uniform (= GRPO)"),
-]
-
-LR_CURVE_COLUMNS = ("scenario", "method", *(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA), "best")
 COMPARE_COLUMNS = (
     "scenario", "method", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)", "Δ mean (pts, 95% CI)",
     "Δ worst-skill (pts, 95% CI)", "SE red. (%)", "var. red. (%)", "efficiency (%)", "adv. mass ratio",
@@ -132,9 +111,11 @@ DEFAULTS_COLUMNS = (
     "question", "variant", "scenario", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)",
     "Δ mean vs default (pts, 95% CI)", "Δ worst-skill vs default (pts, 95% CI)", "SE red. (%)", "efficiency (%)",
 )  # fmt: skip
-LR_CURVE_HEADER, COMPARE_HEADER, DEFAULTS_HEADER = map(
-    markdown_row, (LR_CURVE_COLUMNS, COMPARE_COLUMNS, DEFAULTS_COLUMNS)
-)
+COMPARE_HEADER, DEFAULTS_HEADER = map(markdown_row, (COMPARE_COLUMNS, DEFAULTS_COLUMNS))
+
+
+def lr_curve_header() -> str:
+    return markdown_row(load_plan().lr_curve_columns())
 
 
 @dataclass(frozen=True)
@@ -176,16 +157,24 @@ def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ tuning
-def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TUNED_LR_FILE) -> str:
+def tune(
+    scenarios: Sequence[str],
+    spec: RunSpec,
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    plan: Optional[SweepPlan] = None,
+) -> str:
     """Run the lr grid on the tuning seeds ``spec.seeds``; (re)write the rows of these scenarios and
     ``spec.learner`` in the tuned-lr table."""
+    plan = plan or load_plan()
+    LR_GRID, GRPO_EXTRA = plan.lr_grid, plan.grpo_extra  # noqa: N806
     os.makedirs(out, exist_ok=True)
     learner, seeds, steps = spec.learner, list(spec.seeds), spec.steps
     rows: list[dict[str, Any]] = []
     curve_rows: list[list[Any]] = []
     for name in scenarios:
         sc = load_scenario(name)
-        tuned_methods = tune_methods()
+        tuned_methods = plan.tune_methods()
         grid_runs: dict[str, dict[float, float]] = {m: {} for m in tuned_methods}
         scales = sorted(set(LR_GRID + GRPO_EXTRA))
         for g in scales:
@@ -225,16 +214,18 @@ def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TU
         w.writeheader()
         for r in keep + rows:
             w.writerow(r)
-    text = "\n".join(markdown_table(LR_CURVE_COLUMNS, curve_rows))
+    text = "\n".join(markdown_table(plan.lr_curve_columns(), curve_rows))
     with open(os.path.join(out, "lr_curve.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"))
+    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"), plan)
     return text
 
 
-def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
+def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str, plan: Optional[SweepPlan] = None) -> str:
     """One panel per scenario: the tuning metric against the lr multiplier, one line per method."""
     from recipe.gdro.results.plot import SYNTH_TAG, log_axis, pyplot, save_figure
+
+    plan = plan or load_plan()
 
     plt = pyplot()
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
@@ -245,7 +236,7 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
         log_axis(ax, "x")
-        ax.set_xticks(sorted(set(LR_GRID + GRPO_EXTRA)))  # label exactly the grid points
+        ax.set_xticks(sorted(set(plan.lr_grid + plan.grpo_extra)))  # label exactly the grid points
         ax.set_xlabel("lr multiplier (× scenario lr)")
         ax.set_ylabel("final held-out mean accuracy (%)")
         ax.set_title(sname, fontsize=9)
@@ -316,11 +307,13 @@ def study(
     table_path: str = TUNED_LR_FILE,
     command: str = "",
     full: bool = False,
+    plan: Optional[SweepPlan] = None,
 ) -> str:
     """Headline, equal-mass and defaults tables over the evaluation seeds ``spec.seeds``, each
     method at its tuned lr from ``table_path``."""
     os.makedirs(out, exist_ok=True)
-    variants = DEFAULTS_VARIANTS + (DEFAULTS_EXTRA if full else [])
+    plan = plan or load_plan()
+    variants = plan.defaults + (plan.defaults_full if full else ())
     learner, seeds = spec.learner, list(spec.seeds)
     head: list[list] = []  # rows of the headline, equal-mass and defaults tables
     eq: list[list] = []
@@ -332,7 +325,7 @@ def study(
     for name in scenarios:
         sc = load_scenario(name)
         methods = default_methods()
-        tuned = lookup_tuned_lr(sc.name, learner, tune_methods(), table_path)
+        tuned = lookup_tuned_lr(sc.name, learner, plan.tune_methods(), table_path)
         lr_note = "each method at its own tuned lr (× base): " + ", ".join(f"{m} ×{tuned[m]:g}" for m in methods)
         headline = spec.run(
             sc,
@@ -363,11 +356,11 @@ def study(
         both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
         eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
         outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
-        for q, (ref_m, ref_label) in QUESTION_DEFAULT.items():
+        for q, (ref_m, ref_label) in plan.question_default.items():
             r = both["methods"][ref_m]
             rows = [(ref_label, ref_m)]
             if q == "Rollout-GDRO allocator":
-                rows += [(label, m) for m, label in ALLOCATOR_ROWS]
+                rows += [(label, m) for m, label in plan.allocator_rows]
             rows += [(label, v) for qq, v, _, label in variants if qq == q]
             for label, v in rows:
                 e = both["methods"][v]
@@ -405,7 +398,7 @@ def study(
             f.write(text + "\n")
     with open(table_path, encoding="utf-8", newline="") as f:
         tuned_rows = [r for r in csv.DictReader(f) if r["learner"] == learner and r["scenario"] in summary]
-    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"))
+    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"), plan)
     lr_curve = ""
     if os.path.exists(os.path.join(out, "lr_curve.md")):
         with open(os.path.join(out, "lr_curve.md"), encoding="utf-8") as f:
@@ -416,9 +409,10 @@ def study(
         f"> **{SYNTHETIC_NOTE}**",
         "",
         f"Reproduce: `{command}` ({runtime:.0f} s of simulation for the study; tuning separately).",
-        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {TUNE_SEED0}..",
+        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {plan.tune_seed0}..",
         "(different datasets,"
-        f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in LR_GRID)}}} by final held-out mean accuracy.",
+        f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in plan.lr_grid)}}} "
+        "by final held-out mean accuracy.",
         "Δ = paired per-seed difference (same seed = same dataset, batches, reward and noise draws),",
         "mean and 95% t interval; ↑ / ↓ = the interval lies above / below 0.",
         "SE figures: true per-prompt variances, steady-state window (second epoch on).",
@@ -477,7 +471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     p.add_argument("--learner", default=DEFAULT_LEARNER, choices=list(LEARNERS))
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds 0..N-1 (study)")
-    p.add_argument("--tune-seeds", type=int, default=3, help=f"tuning seeds {TUNE_SEED0}..{TUNE_SEED0}+N-1")
+    p.add_argument("--tune-seeds", type=int, default=3, help="tuning seeds from the plan's tune_seed0 (100): N of them")
     p.add_argument("--steps", type=int, default=None, help="steps (default: each scenario's)")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--table", default=TUNED_LR_FILE, help="tuned-lr table to write (tune) / read (study)")
@@ -491,7 +485,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
     if args.what in ("tune", "all"):
-        tune_seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)
+        seed0 = load_plan().tune_seed0
+        tune_seeds = range(seed0, seed0 + args.tune_seeds)
         print(tune(args.scenarios, RunSpec(seeds=list(tune_seeds), **shared), args.out, args.table))
     if args.what in ("study", "all"):
         spec = RunSpec(seeds=list(range(args.seeds)), **shared)
