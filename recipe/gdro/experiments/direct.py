@@ -57,7 +57,7 @@ class DirectConfig:
     prompts: int = 64  # prompts per step
     n: int = 4  # mean rollouts per prompt
     lr: float = 3e-4
-    temperature: float = 1.0
+    temperature: float = 1.0  # rollouts, the loss and validation (one temperature, as verl's val_kwargs here)
     max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
     method: str = "grpo"
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
@@ -145,7 +145,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     optimizer = policy.make_optimizer(model, config.lr)
 
     t0 = time.perf_counter()
-    before = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    before = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
     eval_seconds = time.perf_counter() - t0
     log(f"before ({eval_seconds:.0f} s):\n{tasks.format_table(before)}")
 
@@ -221,7 +223,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         tokens_total += int(lengths.sum())
         rollouts_total += len(pid)
         if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
-            point = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+            point = tasks.evaluate(
+                model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+            )
             curve.append({"step": step + 1, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(point)})
         if (step + 1) % max(1, config.steps // 10) == 0:
             log(
@@ -229,7 +233,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 f"len {metrics['train/response_length']:.1f} ({time.perf_counter() - t_train:.0f} s)"
             )
     train_seconds = time.perf_counter() - t_train
-    after = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    after = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
     curve.append({"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after)})
@@ -274,6 +280,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=d.prompts)
     p.add_argument("--n", type=int, default=d.n)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--temperature", type=float, default=d.temperature, help="rollouts, loss and validation")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--num_train", type=int, default=d.num_train, help="training prompts (revisits need few)")
     p.add_argument("--eval_samples", type=int, default=d.eval_samples)
@@ -297,6 +304,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if not args.temperature > 0:
+        print(f"error: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
+        return 2
     if args.n < 2:
         print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
         return 2
@@ -320,6 +330,7 @@ def main(argv=None) -> int:
         prompts=args.prompts,
         n=args.n,
         lr=args.lr,
+        temperature=args.temperature,
         seed=args.seed,
         num_train=args.num_train,
         eval_samples=args.eval_samples,
