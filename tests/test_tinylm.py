@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from data_prep import arith, reward_fn
 from data_prep.common import OUTPUT_SCHEMA
 from recipe.gdro.tinylm import policy, tasks
-from recipe.gdro.tinylm.sft import ProblemStream, collate
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
+from recipe.gdro.tinylm.sft import ProblemStream, collate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -448,3 +448,20 @@ def test_direct_loop_runs_grpo_and_joint_gdro_on_the_base():
         assert set(result["before"]) == set(result["after"]) == {s.name for s in arith.SKILLS} | {"all"}
         # the base gets mixed rewards on some prompt: a real update happens
         assert max(h["actor/grad_norm"] for h in result["history"]) > 0
+
+
+def test_direct_loop_evaluates_at_the_configured_temperature():
+    """issue 26: run_direct used temperature 1 at validation whatever config.temperature said."""
+    from recipe.gdro.experiments.direct import run_direct
+
+    config = {"steps": 1, "prompts": 4, "n": 2, "num_train": 8, "num_val": 60, "lr": 0.0, "temperature": 2.0}
+    result = run_direct(config, log=lambda *_: None)
+    model, tok = load_model(BASE_MODEL_DIR), load_tokenizer(BASE_MODEL_DIR)
+    val = arith.build_split(60, 0, val=True)
+    hot = tasks.evaluate(model, tok, val, temperature=2.0, seed=0)
+    cold = tasks.evaluate(model, tok, val, temperature=1.0, seed=0)
+    def view(r):
+        return {k: (v["n"], v["pass1"], v["mean_len"]) for k, v in r.items()}
+
+    assert view(result["before"]) == view(hot)  # same draws: same seed, same temperature
+    assert view(hot) != view(cold)  # and temperature 1 would have been visible

@@ -58,7 +58,7 @@ class DirectConfig:
     prompts: int = 64  # prompts per step
     n: int = 4  # mean rollouts per prompt
     lr: float = 3e-4
-    temperature: float = 1.0
+    temperature: float = 1.0  # rollouts, the loss and validation (one temperature, as verl's val_kwargs here)
     max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
     method: str = "grpo"  # a config/method/<name>.yaml (grpo, prompt_gdro, rollout_gdro, joint_gdro)
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
@@ -153,7 +153,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     optimizer = policy.make_optimizer(model, config.lr)
 
     t0 = time.perf_counter()
-    before = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    before = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
     eval_seconds = time.perf_counter() - t0
     log(f"before ({eval_seconds:.0f} s):\n{tasks.format_table(before)}")
 
@@ -252,7 +254,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         tokens_total += int(lengths.sum())
         rollouts_total += len(pid)
         if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
-            point = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+            point = tasks.evaluate(
+                model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+            )
             curve.append({"step": step + 1, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(point)})
         if (step + 1) % max(1, config.steps // 10) == 0:
             log(
@@ -260,7 +264,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 f"len {metrics['train/response_length']:.1f} ({time.perf_counter() - t_train:.0f} s)"
             )
     train_seconds = time.perf_counter() - t_train
-    after = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    after = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
     curve.append({"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after)})
@@ -298,6 +304,7 @@ _HELP = {
     "num_train": "training prompts (revisits need few)",
     "eval_every": "validate every k steps too (0: off)",
     "device": "cpu, cuda[:N] or auto (CUDA when present)",
+    "temperature": "rollouts, loss and validation",
     "warm_start": "binner warm start: k samples per training prompt before step 1, counted in the budget",
 }
 
@@ -331,6 +338,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if not args.temperature > 0:
+        print(f"error: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
+        return 2
     if args.n < 2:
         print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
         return 2
