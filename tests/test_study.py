@@ -45,7 +45,7 @@ def test_the_committed_report_is_what_the_committed_runs_give():
         assert need <= set(summary) and summary["protocol_hash"] == p.hash, path
 
 
-def _protocol(tmp_path: Path, **changes) -> Path:
+def _protocol(tmp_path: Path, filename: str = "smoke.yaml", **changes) -> Path:
     data = {
         "name": "smoke",
         "shape": {"steps": 3, "prompts": 4, "n": 2, "num_train": 16, "num_val": 12, "eval_every": 1},
@@ -71,7 +71,7 @@ def _protocol(tmp_path: Path, **changes) -> Path:
         "solvable": 0.0,
     }
     data.update(changes)
-    path = tmp_path / "smoke.yaml"
+    path = tmp_path / filename
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
@@ -137,7 +137,7 @@ def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
     assert study.main(["report", *args[:4]]) == 0 and (res / "REPORT.md").read_text() == first
     assert len(list(runs.glob("*.json"))) == n_runs
     # a changed protocol: its runs would mix hashes, refused; its evaluation seeds are spent
-    other = _protocol(tmp_path, name="smoke, edited")
+    other = _protocol(tmp_path, "edited.yaml", name="smoke, edited")
     assert study.main(["report", "--protocol", str(other), "--results", str(res)]) == 2
     assert "never mixes protocols" in capsys.readouterr().err
     assert Ledger(res / "spent_seeds.yaml").conflicts(load_protocol(other).hash, [0, 1]) != {}
