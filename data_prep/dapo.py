@@ -30,6 +30,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python data_prep/dapo.py`: data_prep/_repo_path.py
     import _repo_path  # noqa: F401
+if __name__ == "__main__":  # Ctrl-C from here on, the imports included: one line (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("dapo.py")
 
 from data_prep.common import (  # noqa: E402
     INSTRUCTION,
@@ -182,6 +186,16 @@ def load_hub(dataset: str, config: str | None, split: str) -> Source:
     try:
         args = (dataset, config) if config else (dataset,)
         ds = datasets.load_dataset(*args, split=split)
+    except ValueError as e:
+        if "split" not in str(e).lower():
+            raise DataPrepError(f"could not load {dataset} (config {config}, split {split}) from the hub: {e}") from e
+        try:
+            names = ", ".join(datasets.get_dataset_split_names(*args))
+        except Exception:  # noqa: BLE001 - the listing is a courtesy; datasets' own message follows
+            names = "see the message that follows"
+        raise DataPrepError(
+            f"--split {split!r}: {dataset} (config {config}) has no such split; the available splits: {names} ({e})"
+        ) from e
     except Exception as e:  # network, auth, missing config: one clear message instead of a traceback
         raise DataPrepError(
             f"could not load {dataset} (config {config}, split {split}) from the hub: {e}; "
@@ -205,7 +219,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--config", default=None, help=f"hub config (default {HUB_CONFIG!r} for {HUB_DATASET}, none otherwise)"
     )
-    p.add_argument("--split", default="train")
+    p.add_argument(
+        "--split",
+        default=None,
+        help="hub split (default train); a local --input file is one split, train, and takes no other",
+    )
     p.add_argument("--schema", choices=["auto", "processed", "raw"], default="auto")
     p.add_argument(
         "--language",
@@ -222,11 +240,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         if args.input:
+            if args.split not in (None, "train"):
+                raise DataPrepError(
+                    f"--split {args.split!r}: a local --input file ({args.input}) holds one split, 'train'; "
+                    "the available splits: train (other splits are read from the hub, without --input)"
+                )
             source = read_local(args.input)
         else:
             dataset = args.dataset or HUB_DATASET
             config = args.config if args.config is not None else (HUB_CONFIG if dataset == HUB_DATASET else None)
-            source = load_hub(dataset, config, args.split)
+            source = load_hub(dataset, config, args.split or "train")
         records, summary = convert(
             source, schema=args.schema, language=args.language, strict=args.strict, dataset_name=args.dataset
         )
@@ -252,4 +275,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    run_main("dapo.py", main, detail=f"nothing written ({OUTPUT_NAME} is written only at the end, atomically)")

@@ -27,6 +27,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python data_prep/eval_sets.py`: data_prep/_repo_path.py
     import _repo_path  # noqa: F401
+if __name__ == "__main__":  # Ctrl-C from here on, the imports included: one line (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("eval_sets.py")
 
 from data_prep.common import (  # noqa: E402
     INSTRUCTION,
@@ -223,9 +227,14 @@ def load_hub(spec: EvalSet) -> Source:
 def find_local(input_dir: Path, name: str) -> Path:
     """``input_dir/<name>.parquet`` (or .jsonl / .json)."""
     candidates = [input_dir / f"{name}{ext}" for ext in (".parquet", ".jsonl", ".json")]
-    for path in candidates:
-        if path.is_file():
-            return path
+    found = [path for path in candidates if path.is_file()]
+    if len(found) > 1:
+        raise DataPrepError(
+            f"set {name!r}: {' and '.join(str(p) for p in found)} all exist in --input_dir; keep one (move the "
+            "others away), so the set's source is not a silent choice"
+        )
+    if found:
+        return found[0]
     raise DataPrepError(f"no local file for set {name!r}: expected one of {', '.join(str(c) for c in candidates)}")
 
 
@@ -288,4 +297,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    run_main(
+        "eval_sets.py", main, detail="nothing written for the set being converted (each file is written atomically)"
+    )

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_helpers import standins as S  # noqa: E402
 from test_recipe_dry_run import paper_overrides  # noqa: E402
 
-from recipe.gdro.main_gdro import cli  # noqa: E402
 from recipe.gdro import preflight  # noqa: E402
+from recipe.gdro.main_gdro import cli  # noqa: E402
 from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402

@@ -40,11 +40,12 @@ tq = pytest.importorskip("transfer_queue")
 from omegaconf import OmegaConf  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
 
-from recipe.gdro.tinylm import model as tinylm, policy  # noqa: E402
 from recipe.gdro.backends.cpu import CPUTaskRunner, prepare_cpu_config  # noqa: E402
 from recipe.gdro.backends.cpu_rollout import CPURolloutServer  # noqa: E402
 from recipe.gdro.backends.cpu_workers import CHECKPOINT_FILE  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.tinylm import model as tinylm  # noqa: E402
+from recipe.gdro.tinylm import policy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

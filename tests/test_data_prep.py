@@ -933,3 +933,26 @@ def test_eval_sets_non_utf8_input_is_named(tmp_path, capsys):
         code = eval_sets.main(["--local_dir", str(tmp_path / "out"), "--input_dir", str(inputs), *strict])
         err = capsys.readouterr().err
         assert code == 2 and f"{jsonl}: line 1: not UTF-8" in err and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ silent choices (issue 27)
+def test_silent_choices_are_refused_and_nothing_is_written(tmp_path, capsys):
+    """A --split a local --input cannot have, and two local files for one evaluation set, are refused
+    (exit 2) naming the split and the available ones / both files; no output folder is made."""
+    src = tmp_path / "dapo.jsonl"
+    write_jsonl(src, [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    out = tmp_path / "out"
+    code = dapo.main(["--local_dir", str(out), "--input", str(src), "--split", "nosuchsplit"])
+    err = capsys.readouterr().err
+    assert code == 2 and "'nosuchsplit'" in err and "available splits: train" in err, err
+    assert not out.exists()
+    assert dapo.main(["--local_dir", str(out), "--input", str(src), "--split", "train"]) == 0  # the one it has
+    capsys.readouterr()
+
+    inputs = write_eval_inputs(tmp_path / "raw")
+    rows, fmt, _ = EVAL_FIXTURES["math500"]
+    write_jsonl(inputs / "math500.jsonl", rows) if fmt == "parquet" else write_parquet(inputs / "math500.parquet", rows)
+    code = eval_sets.main(["--local_dir", str(tmp_path / "eval"), "--input_dir", str(inputs), "--sets", "math500"])
+    err = capsys.readouterr().err
+    assert code == 2 and "math500.parquet" in err and "math500.jsonl" in err and "keep one" in err, err
+    assert not (tmp_path / "eval").exists()

@@ -33,9 +33,9 @@ psutil = pytest.importorskip("psutil")
 
 from recipe_helpers.ray_env import ray_auth_mode  # noqa: E402
 
+from recipe.gdro.preflight import PreflightError, probe_nodes, probe_shared_storage  # noqa: E402
 from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
-from recipe.gdro.preflight import PreflightError, probe_nodes, probe_shared_storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_BIN = Path(sys.executable).with_name("ray")

@@ -755,21 +755,24 @@ def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_pat
 # ---------------------------------------------------- checkpoint retention across restarts (item 4)
 def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory, tokenizer, script, caplog):
     """An experiment folder left by earlier processes holds global_step_1..3 (verl's in-memory retention
-    list forgot them). Resuming from step 3 with max_actor_ckpt_to_keep=2 deletes global_step_1 (oldest
-    first, whole folder, GDRO state included); saving step 4 then deletes global_step_2. The folder
-    resumed from is never deleted, and each deletion is logged."""
+    list forgot them) and an abandoned global_step_9. Resuming from step 3 (resume_path) with
+    max_actor_ckpt_to_keep=2, the save at step 4 keeps 4 (this run's) and 3 (resumed from: never deleted)
+    and retires 1, 2 and the abandoned 9 (verl's files and the GDRO state go, a user's file stays)."""
     from recipe.gdro.trainer import GDROTrainerSync
 
     work = new_work(tmp_path_factory, "retention")
     ckpt = work / "ckpt"
     shutil.copytree(joint_run["work"] / "ckpt", ckpt)
     shutil.copytree(ckpt / "global_step_2", ckpt / "global_step_1")  # an older process's checkpoint
+    shutil.copytree(ckpt / "global_step_3", ckpt / "global_step_9")  # an abandoned later branch
+    (ckpt / "global_step_9" / "notes.txt").write_text("mine")
     assert (ckpt / "global_step_1" / "gdro_state.pkl").exists()
     extra = [o for o in JOINT if not o.startswith(("trainer.resume_mode", "trainer.save_freq"))]
     config = make_config(
         work,
         *extra,
-        "trainer.resume_mode=auto",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={ckpt / 'global_step_3'}",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=2",
         steps=4,
@@ -778,10 +781,11 @@ def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory
         trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
     assert [b["step"] for b in manager.batches] == [4]
     assert any(p.endswith("global_step_3/actor") for p in trainer.actor_rollout_wg.loaded)
-    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_3", "global_step_4"]
-    deleted = [r.getMessage() for r in caplog.records if "checkpoint retention" in r.getMessage()]
-    assert len(deleted) == 2
-    assert deleted[0].endswith("global_step_1") and deleted[1].endswith("global_step_2")
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_3", "global_step_4", "global_step_9"]
+    assert sorted(p.name for p in (ckpt / "global_step_9").iterdir()) == ["notes.txt"]
+    assert (ckpt / "global_step_3" / "gdro_state.pkl").exists() and (ckpt / "global_step_4" / "actor").is_dir()
+    deleted = [r.getMessage() for r in caplog.records if "checkpoint retention (keep 2" in r.getMessage()]
+    assert [m.rsplit("/", 1)[1] for m in deleted] == ["global_step_1", "global_step_2", "global_step_9"]
 
 
 # ---------------------------------------------------------- per-prompt-weighted metrics (item 8)

@@ -225,3 +225,50 @@ def test_parquet_or_non_utf8_metrics_file_is_named(tmp_path, capsys):
     binary.write_bytes(binary.read_bytes().replace(b"{", b"\xb5{", 2))
     assert RT.main([str(binary)]) == 2
     assert f"{binary}: line 1: not UTF-8" in capsys.readouterr().err
+
+
+def test_a_wrongly_typed_field_is_named_by_file_line_and_field(tmp_path, capsys):
+    """A step "zero" or a metric "high" (a hand-edited or foreign file): results.table and results.plot
+    refuse it with one line naming the file, the line and the field ("invalid literal for int()" before),
+    and write nothing."""
+    from recipe.gdro.results import plot as RP
+
+    run = tmp_path / "gdro_metrics.jsonl"
+    _two_validations(run)
+    append_metrics_jsonl(run, 1, {"gdro/mu": 0.1})
+    good = run.read_text().splitlines()
+    for bad_line, field in (
+        ('{"val_step": "zero", "val-core/math500/acc/mean@8": 0.5}', "val_step"),
+        ('{"step": 2, "gdro/mu": "high"}', "gdro/mu"),
+        ('{"step": 2.5, "gdro/mu": 0.2}', "step"),
+    ):
+        run.write_text("\n".join([good[0], bad_line, *good[1:]]) + "\n")
+        before = run.read_bytes()
+        assert RT.main([str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{run}: line 2: field '{field}'" in err and "invalid literal" not in err, err
+        out = tmp_path / "plots"
+        assert RP.main([str(run), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{run}: line 2: field '{field}'" in err, err
+        assert not out.exists() and run.read_bytes() == before
+
+
+def test_list_sets_shows_what_a_run_validated_on(tmp_path, capsys):
+    """``--list-sets``: the sets of each run, the steps, k, prompts and the Table 1 column; for a run
+    without Table 1's sets (any CPU run) it says which are missing instead of failing."""
+    full = tmp_path / "full"
+    _two_validations(full / "gdro_metrics.jsonl")
+    cpu = tmp_path / "cpu" / "gdro_metrics.jsonl"
+    for step in (0, 10):
+        append_validation_jsonl(
+            cpu, step, {"val-core/arith_add2/acc/mean@1": 0.4, "gdro/val/arith_add2/prompts": 105.0}
+        )
+    assert RT.main([str(cpu)]) == 2  # the table itself needs the seven sets
+    assert "--list-sets" in capsys.readouterr().err
+    assert RT.main([str(full), str(cpu.parent), "--list-sets"]) == 0
+    out = capsys.readouterr().out
+    assert "| full | aime2024 | 10, 20 | mean@8 | 10 | AIME |" in out
+    assert "| cpu | arith_add2 | 0, 10 | mean@1 | 105 | - |" in out
+    assert "full: has every set Table 1 needs" in out
+    assert "cpu: Table 1 also needs math500, aime2024" in out

@@ -49,26 +49,7 @@ def test_visit_ids_must_not_mix_prompts():
         ctl.observe([0, 1], np.array([True, False]), np.ones(2), response_visit_ids=[0, 0])
 
 
-# ------------------------------------------------------------------ item 4: checkpoint retention
-def test_retention_deletes_oldest_whole_folders_and_spares_the_protected(tmp_path):
-    from omegaconf import OmegaConf
-
-    from recipe.gdro.checkpoints import enforce_retention, keep_limit
-
-    for step in (2, 4, 6, 8, 10):
-        (tmp_path / f"global_step_{step}" / "actor").mkdir(parents=True)
-        (tmp_path / f"global_step_{step}" / "gdro_state.pkl").write_bytes(b"x")
-    (tmp_path / "global_step_x").mkdir()  # not a step folder
-    (tmp_path / "gdro_metrics.jsonl").write_text("")
-    assert enforce_retention(str(tmp_path), None) == []
-    deleted = enforce_retention(str(tmp_path), 2, protect=[4])
-    assert [p.rsplit("/", 1)[1] for p in deleted] == ["global_step_2", "global_step_6"]
-    left = sorted(p.name for p in tmp_path.iterdir())
-    assert left == ["gdro_metrics.jsonl", "global_step_10", "global_step_4", "global_step_8", "global_step_x"]
-    assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": 3})) == 3
-    assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": None})) is None
-    assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": 0})) is None
-    assert keep_limit(OmegaConf.create({"max_actor_ckpt_to_keep": 5, "remove_previous_ckpt_in_save": True})) == 1
+# item 4 (checkpoint retention) is tested in tests/test_retention.py.
 
 
 # ------------------------------------------------------------------ item 14: no silent skips in CI

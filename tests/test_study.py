@@ -107,8 +107,8 @@ def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
     proto = _protocol(tmp_path)
     res = tmp_path / "res"
     args = ["--protocol", str(proto), "--results", str(res), "--jobs", "1"]
-    assert study.main(["report", *args[:4]]) == 0  # nothing run yet: the report says so
-    assert "Not run yet" in (res / "REPORT.md").read_text()
+    assert study.main(["report", *args[:4]]) == 2  # no runs folder at all: refused, nothing created
+    assert "no runs folder" in capsys.readouterr().err and not res.exists()
     assert study.main(["tune", *args]) == 0
     runs = res / "runs"
     assert len(list(runs.glob("*.json"))) == 2 * 2 * 2  # methods x lrs x tuning seeds

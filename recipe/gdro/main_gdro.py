@@ -27,12 +27,18 @@ section its dataclass rejects, missing or too-small data in a dry run); 1 when v
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("gdro")
+
 import sys
 from typing import Optional, Sequence
 
 import hydra
 from omegaconf import DictConfig
 
+from recipe.gdro.checkpoints import GDRO_STATE_FILE
 from recipe.gdro.startup.checks import GDRORecipeError, check_dry_run_data, prepare
 from recipe.gdro.startup.cli import (
     CONFIG_NAME,
@@ -81,10 +87,10 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
         print(f"{what}: error: {e}", file=stderr)
         return 2
     if dry:
-        print_dry_run(config, prepared, stream=stdout, cluster_lines=cluster_lines)
+        print_dry_run(config, prepared, GDRO_STATE_FILE, stream=stdout, cluster_lines=cluster_lines)
         return 0
 
-    print(format_plan(config, prepared), file=stdout)
+    print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     print("\n".join(cluster_lines), file=stdout, flush=True)
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
@@ -150,4 +156,8 @@ def entry(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(entry())
+    # Ctrl-C / SIGTERM: the run's finally blocks close the agent loop, TransferQueue and Ray, then one
+    # line and exit 130 / 143, no process left (verl_ext.interrupt).
+    from verl_ext.interrupt import run_main
+
+    run_main("gdro", entry)

@@ -29,8 +29,10 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_save_checkpoint`` / ``_load_checkpoint``
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
-    ``trainer.max_actor_ckpt_to_keep`` is enforced over the ``global_step_K`` folders on disk, on
-    resume and after each save (:mod:`recipe.gdro.checkpoints`).
+    After each save, verl's ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` are applied
+    to every ``global_step_K`` folder on disk, ranked by lineage (this run's saves, then the folder it
+    resumed from, which is never deleted, then older ones); incomplete folders are left alone
+    (:mod:`recipe.gdro.checkpoints`).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -67,15 +69,14 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
+from recipe.gdro.checkpoints import GDRO_STATE_FILE, enforce_retention, keep_limits
 from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
     append_validation_jsonl,
     rewind_metrics_jsonl,
     validation_pass_at_k,
 )
-from recipe.gdro.checkpoints import enforce_retention, keep_limit
 from recipe.gdro.startup.checks import (
-    GDRO_STATE_FILE,
     build_gdro_config,
     check_budget,
     check_supported_modes,
@@ -589,15 +590,24 @@ class GDROTrainerSync(PPOTrainerSync):
             self.gdro.save(path)
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
-        self._enforce_checkpoint_retention(protect=[self.global_steps])
+        self._gdro_saved_steps = [*getattr(self, "_gdro_saved_steps", []), self.global_steps]
+        self._enforce_checkpoint_retention()
 
-    def _enforce_checkpoint_retention(self, protect: list[int]) -> list[str]:
-        """``trainer.max_actor_ckpt_to_keep`` over every ``global_step_K`` folder on disk (see
+    def _enforce_checkpoint_retention(self) -> list[str]:
+        """verl's actor / critic limits over every ``global_step_K`` folder on disk, by lineage (see
         :mod:`recipe.gdro.checkpoints`): verl's own limit forgets the checkpoints of earlier processes."""
         root = self.config.trainer.default_local_dir
         if not os.path.isabs(root):
             root = os.path.join(os.getcwd(), root)
-        return enforce_retention(root, keep_limit(self.config.trainer), protect=protect)
+        keep_actor, keep_critic = keep_limits(self.config.trainer)
+        return enforce_retention(
+            root,
+            keep_actor,
+            keep_critic,
+            own_saves=getattr(self, "_gdro_saved_steps", []),
+            resumed=getattr(self, "_gdro_resumed_step", None),
+            with_gdro_state=self.gdro_enabled,
+        )
 
     def _resume_folder(self) -> str | None:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None if none)."""
@@ -614,10 +624,9 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        if self.global_steps > 0:
-            resumed = os.path.basename(os.path.normpath(self._resume_folder() or ""))
-            protect = [int(resumed.rsplit("_", 1)[1])] if resumed.startswith("global_step_") else []
-            self._enforce_checkpoint_retention(protect=protect + [self.global_steps])
+        # The step resumed from: retention never deletes its folder (verl sets global_steps from its name).
+        self._gdro_resumed_step = self.global_steps if self.global_steps > 0 else None
+        self._gdro_saved_steps = []
         if not self.gdro_enabled:
             return
         if self.global_steps == 0:

@@ -206,6 +206,9 @@ def run_cpu(
     if not ray.is_initialized():
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
         started = True
+        from verl_ext.interrupt import reinstall
+
+        reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
     try:
         return CPUTaskRunner(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc).run(config)
     finally:

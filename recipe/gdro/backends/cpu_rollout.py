@@ -406,7 +406,21 @@ class CPUAgentLoopManager:
         self.worker = self._call(self._build())
 
     def _call(self, coro, timeout: float = 3600.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:  # Ctrl-C in the waiting thread: the coroutine must not run on unobserved
+            future.cancel()
+            raise
+
+    @staticmethod
+    async def _cancel_pending() -> None:
+        """Cancel every task on the loop and let each finish: a task dropped while pending is reported
+        ("Task was destroyed but it is pending") and its context-variable resets fail at collection."""
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _build(self):
         from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
@@ -443,8 +457,14 @@ class CPUAgentLoopManager:
 
     def close(self) -> None:
         if self.loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._cancel_pending(), self.loop).result(10)
+            except (Exception, KeyboardInterrupt):  # noqa: BLE001 - closing anyway
+                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        if not self.thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
 
 
 def sampling_summary(params: dict[str, Any]) -> str:

@@ -14,6 +14,11 @@ adversary weight over steps) and the validation learning curves.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("quickstart")
+
 import argparse
 import json
 import os
@@ -209,7 +214,17 @@ def main(argv=None) -> int:
     if unknown:
         print(f"quickstart: unknown run {unknown[0]!r}; use {', '.join(RUN_LABELS)}", file=sys.stderr)
         return 2
+    if args.steps < 1:
+        print(f"quickstart: --steps {args.steps}: must be >= 1", file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
+    blocker = next((p for p in (out, *out.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        print(f"quickstart: --out {args.out}: {blocker} is a file, not a folder", file=sys.stderr)
+        return 2
+    if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
+        print(f"quickstart: --out {args.out}: {blocker} is not writable", file=sys.stderr)
+        return 2
     data = out / "data"  # made by the first tiny_cpu.sh run (its NUM_TRAIN / NUM_VAL defaults)
     walls = {m: run_one(m, out, data, args.steps, extra) for m in methods}
     print(write_report(out, methods, walls, args.steps, args.install_seconds))
@@ -218,4 +233,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    run_main("quickstart", main, detail="stopped its runs (their folders under --out are incomplete)")

@@ -27,6 +27,11 @@ rollouts (:func:`recipe.gdro.results.stats.check_equal_budgets`).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("study")
+
 import argparse
 import hashlib
 import json
@@ -618,6 +623,9 @@ def main(argv=None) -> int:
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
+    if args.stage == "report" and not (Path(args.results) / "runs").is_dir():  # report reads; it makes nothing
+        print(f"error: no runs folder at {Path(args.results) / 'runs'}; run the tune stage first", file=sys.stderr)
+        return 2
     try:
         from recipe.gdro.experiments.direct import resolve_device
 
@@ -643,4 +651,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    # stop the pool's workers at the signal: leaving its `with` otherwise waits for every queued run
+    run_main("study", main, detail="finished runs are in --results/runs/", stop_children_at_signal=True)

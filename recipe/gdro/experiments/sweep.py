@@ -30,6 +30,11 @@ is synthetic: this is evidence about a stand-in, not about an LLM (docs/simulato
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no traceback (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("sim.sweep")
+
 import argparse
 import csv
 import json
@@ -480,6 +485,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    for flag, value in (
+        ("--steps", args.steps),
+        ("--seeds", args.seeds),
+        ("--tune-seeds", args.tune_seeds),
+        ("--workers", args.workers),
+    ):
+        if value is not None and value < 1:
+            print(f"error: {flag} {value}: must be >= 1", file=sys.stderr)
+            return 2
     for s in args.scenarios:
         load_scenario(s)
     cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -495,4 +509,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from verl_ext.interrupt import run_main
+
+    run_main("sim.sweep", main)

@@ -142,12 +142,29 @@ def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]
             raise ValueError(f"{path}: line {number} is not JSON: {e}") from None
         if not isinstance(record, dict) or ("step" not in record and VAL_STEP_KEY not in record):
             raise ValueError(f"{path}: line {number} has neither 'step' nor '{VAL_STEP_KEY}'")
+        _check_types(path, number, record)
         if step_key not in record:
             continue  # the other kind of line
         step = int(record[step_key])
         by_step[step] = {k: (float("nan") if v is None else v) for k, v in record.items()}
         by_step[step][step_key] = step
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _check_types(path: str | os.PathLike, number: int, record: dict[str, Any]) -> None:
+    """A line's step is a whole number and every metric a number or null; else a ValueError naming the
+    file, the line and the field (not ``int()``'s "invalid literal")."""
+    for key in ("step", VAL_STEP_KEY):
+        if key in record:
+            value = record[key]
+            whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+            if isinstance(value, bool) or not whole or value < 0:
+                raise ValueError(f"{path}: line {number}: field {key!r} is {value!r}; expected a whole number >= 0")
+    for key, value in record.items():
+        if key in ("step", VAL_STEP_KEY) or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: line {number}: field {key!r} is {value!r}; expected a number or null")
 
 
 def read_metrics_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

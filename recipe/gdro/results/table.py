@@ -1,6 +1,7 @@
 """The paper's Table 1 from real runs' GDRO metrics files.
 
     python -m recipe.gdro.results.table RUN [RUN ...] [--step best|last|N] [--csv FILE]
+    python -m recipe.gdro.results.table RUN [RUN ...] --list-sets      # the sets each run validated on
 
 ``RUN`` is a run's metrics file (``<trainer.default_local_dir>/gdro_metrics.jsonl``) or the folder
 holding it. The trainer writes one validation line per validation (``{"val_step": N, ...}``, see
@@ -96,7 +97,8 @@ def _mean_at(record: dict, source: str, where: str) -> tuple[float, int]:
         sources = sorted({key.split("/")[1] for key in record if key.startswith("val-core/")})
         raise ResultsTableError(
             f"{where}: benchmark {source!r} is missing (no val-core/{source}/acc/mean@k); the line has "
-            f"data sources {sources}. Validate on all seven sets written by data_prep/eval_sets.py"
+            f"data sources {sources}. Validate on all seven sets written by data_prep/eval_sets.py "
+            "(--list-sets shows what a run has)"
         )
     k, key = max(found)
     value = record[key]
@@ -156,6 +158,58 @@ def select_row(run: str, records: list[dict], step: str) -> Row:
             return table_row(run, record)
     steps = [int(r[VAL_STEP_KEY]) for r in records]
     raise ResultsTableError(f"{run}: no validation at step {wanted}; validated steps: {steps}")
+
+
+_SOURCE_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/acc/mean@(?P<k>\d+)$")
+
+
+def list_sets(run: str) -> list[list[Any]]:
+    """The evaluation sets (verl ``data_source`` names) a run validated on: one row per set with the
+    validation steps that hold it, k of ``mean@k``, the prompt count the trainer wrote (last step) and
+    the Table 1 column it feeds (``-`` for a set Table 1 does not use, e.g. a CPU run's skills)."""
+    records = read_validation_jsonl(metrics_path(run))
+    if not records:
+        raise ResultsTableError(
+            f'{run}: no validation lines ({{"{VAL_STEP_KEY}": N, ...}}); the run never validated with the GDRO trainer'
+        )
+    found: dict[str, dict[str, Any]] = {}
+    for record in records:
+        for key in record:
+            m = _SOURCE_KEY.match(key)
+            if m:
+                entry = found.setdefault(m["source"], {"steps": [], "k": set(), "prompts": None})
+                if not entry["steps"] or entry["steps"][-1] != record[VAL_STEP_KEY]:
+                    entry["steps"].append(int(record[VAL_STEP_KEY]))
+                entry["k"].add(int(m["k"]))
+                prompts = record.get(f"gdro/val/{m['source']}/prompts")
+                if isinstance(prompts, (int, float)) and not math.isnan(prompts):
+                    entry["prompts"] = int(prompts)
+    column_of = {source: header for header, sources in COLUMNS for source in sources}
+    rows = []
+    for source in sorted(found):
+        e = found[source]
+        steps = e["steps"]
+        shown = ", ".join(map(str, steps)) if len(steps) <= 6 else f"{steps[0]}..{steps[-1]} ({len(steps)} validations)"
+        ks = ", ".join(f"mean@{k}" for k in sorted(e["k"]))
+        prompts = "-" if e["prompts"] is None else e["prompts"]
+        rows.append([run_label(run), source, shown, ks, prompts, column_of.get(source, "-")])
+    return rows
+
+
+def list_sets_text(runs: Sequence[str]) -> str:
+    lines = markdown_table(["run", "set", "validated at steps", "metric", "prompts", "Table 1 column"], [])
+    notes = []
+    for run in runs:
+        rows = list_sets(run)
+        lines += [markdown_row(r) for r in rows]
+        present = {r[1] for r in rows}
+        missing = [s for s in DATA_SOURCES if s not in present]
+        notes.append(
+            f"{run_label(run)}: Table 1 also needs {', '.join(missing)}"
+            if missing
+            else f"{run_label(run)}: has every set Table 1 needs"
+        )
+    return "\n".join([*lines, "", *notes])
 
 
 def build_rows(runs: Sequence[str], step: str = "best") -> list[Row]:
@@ -226,7 +280,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", metavar="RUN", help=f"a run's {METRICS_FILE} or the folder holding it")
     ap.add_argument("--step", default="best", help="best (default), last, or a validated step number")
     ap.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    ap.add_argument(
+        "--list-sets",
+        action="store_true",
+        help="print the evaluation sets each run validated on (and which Table 1 needs) instead of the table",
+    )
     args = ap.parse_args(argv)
+    if args.list_sets:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TruncatedLineWarning)
+                print(list_sets_text(args.runs))
+        except (ResultsTableError, ValueError, OSError) as e:
+            print(f"results_table: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", TruncatedLineWarning)

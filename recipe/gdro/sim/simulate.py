@@ -16,9 +16,15 @@ simulator and training runs alike). See docs/simulator.md.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # Ctrl-C from here on, the slow imports included: one line (verl_ext.interrupt)
+    from verl_ext.interrupt import install
+
+    install("sim.simulate")
+
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -752,6 +758,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         print(f"error: --out {out_dir} is an existing file, not a folder", file=sys.stderr)
         return 2
+    blocker = next((p for p in _ancestors(out_dir) if os.path.lexists(p)), None)
+    if blocker is not None and not os.path.isdir(blocker):
+        print(f"error: --out {out_dir}: {blocker} is a file, not a folder", file=sys.stderr)
+        return 2
     # Write into a temporary sibling folder and move it into place at the end, so an interrupted or
     # failed run leaves the previous outputs as they were (or none), never a mix of old and new.
     parent = os.path.dirname(os.path.abspath(out_dir))
@@ -766,10 +776,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.chmod(staging, 0o777 & ~umask)
     try:
         res = _run_into(staging, out_dir, scenario, methods, seeds, args, overrides, lr_scales, lr_note)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        print(f"\ninterrupted: stopped; {out_dir} is as it was before this run", file=sys.stderr)
-        return 130
+        from verl_ext.interrupt import interrupted_exit
+
+        print(file=sys.stderr)  # past the progress bar
+        interrupted_exit(
+            "sim.simulate", getattr(exc, "signum", signal.SIGINT), f"{out_dir} is as it was before this run"
+        )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -782,6 +796,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("\n".join(outcome_lines(res)))
     print(f"\nwrote {os.path.join(out_dir, 'results.json')}, {os.path.join(out_dir, 'report.md')} and plots")
     return 0
+
+
+def _ancestors(path: str) -> list[str]:
+    """``path``'s parent folders, nearest first."""
+    out, current = [], os.path.dirname(os.path.abspath(path))
+    while True:
+        out.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            return out
+        current = parent
 
 
 def _run_into(staging, out_dir, scenario, methods, seeds, args, overrides, lr_scales, lr_note) -> dict[str, Any]:
@@ -805,9 +830,6 @@ def _run_into(staging, out_dir, scenario, methods, seeds, args, overrides, lr_sc
 
 
 if __name__ == "__main__":
-    code = main()
-    if code == 130:  # interrupted and cleaned up: skip the interpreter's slow teardown (torch, verl)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    from verl_ext.interrupt import run_main
+
+    run_main("sim.simulate", main, detail="nothing written")

@@ -36,7 +36,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
 
-GDRO_STATE_FILE = "gdro_state.pkl"
 SUPPORTED_TRAINER_MODE = "sync"
 
 
@@ -724,7 +723,6 @@ def prepare(config: DictConfig, *, require_files: bool = False, run_verl_checks:
 
 
 __all__ = [
-    "GDRO_STATE_FILE",
     "GDROConfigError",
     "GDRORecipeError",
     "Prepared",

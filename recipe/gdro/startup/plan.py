@@ -10,7 +10,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from recipe.gdro.startup.checks import GDRO_STATE_FILE, Prepared, gdro_runs, observes_only
+from recipe.gdro.startup.checks import Prepared, gdro_runs, observes_only
 from verl_ext import gdro_config_to_dict
 
 # Resolved verl keys the dry run prints (one "key: value" line each, greppable by launch-script tests).
@@ -108,7 +108,7 @@ def resolved_keys_yaml(config: DictConfig, keys: Sequence[str] = RESOLVED_KEYS) 
     return "\n".join(lines)
 
 
-def format_plan(config: DictConfig, prepared: Prepared) -> str:
+def format_plan(config: DictConfig, prepared: Prepared, state_file: str) -> str:
     """The one-screen plan a dry run prints (followed by the resolved keys and the gdro section)."""
     g, b = prepared.gdro, prepared.budget
     model = _select(config, "actor_rollout_ref.model.path")
@@ -199,15 +199,17 @@ def format_plan(config: DictConfig, prepared: Prepared) -> str:
     local_dir = _select(config, "trainer.default_local_dir")
     if gdro_runs(config, g):
         metrics_file = f"{local_dir}/{g.metrics_file}" if g.metrics_file else "(disabled: gdro.metrics_file='')"
-        out.append(f"checkpoints  {local_dir}/global_step_N/{GDRO_STATE_FILE} with verl's checkpoint")
+        out.append(f"checkpoints  {local_dir}/global_step_N/{state_file} with verl's checkpoint")
         out.append(f"metrics      gdro/* via verl's logger {_select(config, 'trainer.logger')}; JSONL {metrics_file}")
     out.append(f"verl checks  {', '.join(prepared.verl_checks) or 'skipped'}: passed")
     return "\n".join(out)
 
 
-def print_dry_run(config: DictConfig, prepared: Prepared, stream=None, cluster_lines: Sequence[str] = ()) -> None:
+def print_dry_run(
+    config: DictConfig, prepared: Prepared, state_file: str, stream=None, cluster_lines: Sequence[str] = ()
+) -> None:
     stream = stream or sys.stdout
-    print(format_plan(config, prepared), file=stream)
+    print(format_plan(config, prepared, state_file), file=stream)
     for line in cluster_lines:
         print(line, file=stream)
     print("-" * 78, file=stream)

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from data_prep import arith
-from recipe.gdro.tinylm.tasks import evaluate, format_table, prompt_ids, val_records
 from recipe.gdro.tinylm.model import build_model, build_tokenizer, load_model, load_tokenizer, num_parameters
+from recipe.gdro.tinylm.tasks import evaluate, format_table, prompt_ids, val_records
 
 # The SFT mixture (relative weights), the one the shipped base was trained with. The frontier
 # skills are over-sampled relative to their RL share so the base reaches them; mul2x2 gets a
