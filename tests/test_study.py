@@ -157,7 +157,7 @@ def test_exploratory_arms_are_confirmed_only_if_they_gained(tmp_path):
 
 
 def test_tokens_to_target_keeps_censored_seeds():
-    run = {"curve": [[0, 0, 0, 0.5], [1, 100, 8, 0.55], [2, 200, 16, 0.6]], "tokens": 200}
+    run = {"curve": [[0, 0, 0, 0.9, 0.5], [1, 100, 8, 0.9, 0.55], [2, 200, 16, 0.9, 0.6]], "tokens": 200}
     assert study.tokens_to(run, 0.55) == pytest.approx(100)
     assert math.isinf(study.tokens_to(run, 0.7))  # censored at 200, reported, not dropped
 

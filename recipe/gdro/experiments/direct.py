@@ -18,7 +18,10 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 6. :func:`recipe.gdro.tinylm.policy.ppo_update` with verl's vanilla clipped loss, one mini-batch
    of the whole step (on-policy: the rollout log-probs are the old log-probs, ratio 1).
 
-``run_direct(config)`` returns per-skill validation accuracy before and after, the learning curve
+``run_direct(config)`` returns per-skill validation accuracy before and after, the exact metric
+(``base_exact`` / ``final_exact``: the mean teacher-forced probability of the canonical answer at
+``config.temperature``, ``recipe.gdro.tinylm.exact``; per skill in ``before_exact`` / ``after_exact``
+and in every curve point as ``exact`` / ``exact_<skill>``), the learning curve
 (validation every ``eval_every`` steps against cumulative tokens and rollouts), per-step metrics
 (with the step's Σ|A|·tokens) and timings; the CLI prints them and writes them as JSON with
 ``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
@@ -42,7 +45,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
 from recipe.gdro.config.registry import method_config, method_names, parse_overrides
-from recipe.gdro.tinylm import policy, tasks
+from recipe.gdro.tinylm import exact, policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 from verl_ext import GDROController
 from verl_ext.binner import aggregate_responses
@@ -120,9 +123,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _curve_point(result: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """One learning-curve point: mean (frequency-weighted) and per-skill pass@1."""
-    return {"mean": result["all"]["pass1"], **{k: v["pass1"] for k, v in result.items() if k != "all"}}
+def _curve_point(result: dict[str, dict[str, Any]], exact_table: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One learning-curve point: mean (frequency-weighted) and per-skill pass@1, and the exact metric
+    (``exact``, ``exact_<skill>``: mean teacher-forced probability of the canonical answer)."""
+    return {
+        "mean": result["all"]["pass1"],
+        **{k: v["pass1"] for k, v in result.items() if k != "all"},
+        "exact": exact_table["all"]["exact"],
+        **{f"exact_{k}": v["exact"] for k, v in exact_table.items() if k != "all"},
+    }
 
 
 def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
@@ -156,14 +165,15 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     before = tasks.evaluate(
         model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
     )
+    before_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
     eval_seconds = time.perf_counter() - t0
-    log(f"before ({eval_seconds:.0f} s):\n{tasks.format_table(before)}")
+    log(f"before ({eval_seconds:.0f} s, exact {before_exact['all']['exact']:.4f}):\n{tasks.format_table(before)}")
 
     order = rng.permutation(len(train))
     cursor = 0
     history = []
     # The learning curve: validation accuracy against cumulative generated tokens and rollouts.
-    curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before)}]
+    curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before, before_exact)}]
     tokens_total = rollouts_total = 0
 
     def rollouts(pid: np.ndarray) -> tuple[list, np.ndarray]:
@@ -257,7 +267,15 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
             point = tasks.evaluate(
                 model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
             )
-            curve.append({"step": step + 1, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(point)})
+            point_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
+            curve.append(
+                {
+                    "step": step + 1,
+                    "tokens": tokens_total,
+                    "rollouts": rollouts_total,
+                    **_curve_point(point, point_exact),
+                }
+            )
         if (step + 1) % max(1, config.steps // 10) == 0:
             log(
                 f"step {step + 1}/{config.steps} train acc {metrics['train/acc']:.3f} "
@@ -267,13 +285,22 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     after = tasks.evaluate(
         model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
     )
+    after_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
-    curve.append({"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after)})
+    log(f"exact metric {before_exact['all']['exact']:.4f} -> {after_exact['all']['exact']:.4f}")
+    curve.append(
+        {"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after, after_exact)}
+    )
     return {
         "config": config.__dict__,
         "before": before,
         "after": after,
+        # the exact metric (recipe.gdro.tinylm.exact) at config.temperature, per skill and its mean
+        "before_exact": before_exact,
+        "after_exact": after_exact,
+        "base_exact": before_exact["all"]["exact"],
+        "final_exact": after_exact["all"]["exact"],
         "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(1, config.steps),
         "eval_seconds": eval_seconds,

@@ -97,24 +97,15 @@ def run_config(
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
-    """One run: train, then score the base and the trained model exactly; the run's summary."""
-    import torch
-
-    from data_prep import arith
-    from recipe.gdro.experiments.direct import resolve_device, run_direct
-    from recipe.gdro.tinylm.exact import exact_by_skill
-    from recipe.gdro.tinylm.model import load_model, load_tokenizer
+    """One run: train, score the base and the trained model exactly (run_direct does); its summary."""
+    from recipe.gdro.experiments.direct import run_direct
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     config = job["config"]["direct"]
-    temperature = job["config"]["exact_temperature"]
+    if job["config"]["exact_temperature"] != config["temperature"]:
+        raise ValueError("the exact metric is read at the run's temperature (run_direct)")
     result = run_direct(dict(config), log=lambda *_: None)
-    tok = load_tokenizer(config["model_path"])
-    val = arith.build_split(config["num_val"], config["data_seed"], val=True)
-    with torch.no_grad():
-        final = exact_by_skill(result["model"], tok, val, temperature=temperature)
-        base_model = load_model(config["model_path"]).to(resolve_device(config["device"]))
-        base = exact_by_skill(base_model, tok, val, temperature=temperature)
+    final, base = result["after_exact"], result["before_exact"]
     history = result["history"]
     unseen = [h["train/unseen_share"] for h in history]
     return {
@@ -134,7 +125,8 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "base_exact_by_skill": {k: v["exact"] for k, v in base.items() if k != "all"},
         "final_exact_by_skill": {k: v["exact"] for k, v in final.items() if k != "all"},
         "final_sampled_by_skill": {k: v["pass1"] for k, v in result["after"].items() if k != "all"},
-        "curve": [[p["step"], p["tokens"], p["rollouts"], p["mean"]] for p in result["curve"]],
+        # [step, tokens, rollouts, sampled mean, exact mean] at each evaluation
+        "curve": [[p["step"], p["tokens"], p["rollouts"], p["mean"], p["exact"]] for p in result["curve"]],
         "warm_start": config["warm_start"],
         "steps_trained": len(history),
         # the cold start: training steps in which every prompt of the batch was unseen (GRPO's
@@ -251,8 +243,8 @@ def metric(run: dict[str, Any], name: str, threshold: float) -> float:
 
 
 def tokens_to(run: dict[str, Any], target: float) -> float:
-    """Tokens at which the run's sampled curve first reaches ``target`` (inf: never, censored)."""
-    return budget_to_reach([p[1] for p in run["curve"]], [p[3] for p in run["curve"]], target)
+    """Tokens at which the run's exact-metric curve first reaches ``target`` (inf: never, censored)."""
+    return budget_to_reach([p[1] for p in run["curve"]], [p[4] for p in run["curve"]], target)
 
 
 def equal_budgets(stage: str, by_seed: dict[int, dict[str, dict[str, Any]]]) -> None:
@@ -381,7 +373,7 @@ def primary(study: Study, tuned: dict[str, float]) -> str:
     for m in methods:
         rs = [runs[(m, s)] for s in seeds]
         reach = censored_budgets(
-            [tokens_to(runs[(m, s)], runs[(ref, s)]["final_sampled"]) for s in seeds], [r["tokens"] for r in rs]
+            [tokens_to(runs[(m, s)], runs[(ref, s)]["final_exact"]) for s in seeds], [r["tokens"] for r in rs]
         )
         km = "beyond the budget" if not math.isfinite(reach.km_median) else f"{reach.km_median:,.0f}"
         rows.append(
@@ -404,7 +396,7 @@ def primary(study: Study, tuned: dict[str, float]) -> str:
             "",
             *table,
             "",
-            "Per method (means over the evaluation seeds; tokens to GRPO's final sampled mean: Kaplan-Meier median,",
+            "Per method (means over the evaluation seeds; tokens to GRPO's final exact mean: Kaplan-Meier median,",
             "runs that never reach it censored at their budget, not dropped):",
             "",
             *markdown_table([*head, "tokens"], rows),
