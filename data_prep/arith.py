@@ -5,14 +5,14 @@ Usage (from the repository root)::
     python data_prep/arith.py --local_dir ~/data/arith                     # seed 0, 8000 train, 1000 val
     python -m data_prep.arith --local_dir DIR --seed 1 --num_train 4000 --num_val 500
 
-A family of skills (:data:`SKILLS`) with long-tailed frequencies and graded difficulty, shaped like
-DAPO-14.1k as a base model sees it: a saturated easy core (2-digit addition), skills with room to
-sharpen (2-digit subtraction, 3-digit addition), a frontier (4-digit addition), a rare hard skill
-(1x2-digit multiplication) and a share the shipped tiny base (almost) cannot solve (2x2-digit
-multiplication). A prompt is
-the bare problem (``"12+34="``, one user turn); the expected response is ``"Answer: 46"``, which
-verl's ``math_dapo`` scorer reads (its Minerva ``Answer:`` line); ``data_prep/reward_fn.py``
-routes every ``arith_<skill>`` data source there.
+A family of skills (:data:`SKILLS`) with graded difficulty that build on each other: a solved
+core (2-digit addition), a frontier the shipped base half solves (2-digit subtraction, 3- and
+4-digit addition with its longer carry chains, 1x2-digit multiplication) and a hard tail it rarely
+solves (1x3-digit multiplication: the 1x2 steps plus one more carried digit), learnable as the
+frontier moves. Skills of share 0 (``add5``, ``add6``, ``mul2x2``) have no rows: only the base's
+SFT stages draw them. A prompt is the bare problem (``"12+34="``, one user turn); the expected
+response is ``"Answer: 46"``, which verl's ``math_dapo`` scorer reads (its Minerva ``Answer:``
+line); ``data_prep/reward_fn.py`` routes every ``arith_<skill>`` data source there.
 
 Rows have the schema every data_prep file has (:data:`data_prep.common.OUTPUT_SCHEMA`) plus
 ``extra_info.skill``; ``data_source`` is ``arith_<skill>``, so verl's validation metrics are
@@ -74,7 +74,7 @@ class Skill:
     op: str  # "+", "-" or "*"
     digits: tuple[int, int]  # operand digit counts (no leading zeros)
     share: float  # fraction of train/val rows
-    role: str  # core / frontier / rare-hard / unsolved (what the shipped base makes of it)
+    role: str  # core / frontier / hard tail (what the shipped base makes of it)
 
     @property
     def data_source(self) -> str:
@@ -105,15 +105,19 @@ class Skill:
         return np.stack([a, b], axis=1)
 
 
-# Roles as the shipped base (recipe/gdro/tinylm/base, docs/tiny_lm.md) measures them at temperature 1:
-# add2 0.99, add3 0.91, sub2 0.87, add4 0.83, mul1x2 0.45, mul2x2 0.05.
+# Roles as the shipped base (recipe/gdro/tinylm/base, docs/tiny_lm.md) measures them, exact metric at T=1:
+# add2 0.89, sub2 0.70, add3 0.42, add4 0.37, mul1x2 0.29, mul1x3 0.02.
 SKILLS: tuple[Skill, ...] = (
-    Skill("add2", "+", (2, 2), 0.35, "core"),
-    Skill("sub2", "-", (2, 2), 0.15, "core"),
-    Skill("add3", "+", (3, 3), 0.20, "core"),
-    Skill("add4", "+", (4, 4), 0.12, "frontier"),
-    Skill("mul1x2", "*", (1, 2), 0.06, "rare-hard"),
-    Skill("mul2x2", "*", (2, 2), 0.12, "unsolved"),
+    Skill("add2", "+", (2, 2), 0.10, "core"),
+    Skill("sub2", "-", (2, 2), 0.15, "frontier"),
+    Skill("add3", "+", (3, 3), 0.20, "frontier"),
+    Skill("add4", "+", (4, 4), 0.25, "frontier"),
+    Skill("mul1x2", "*", (1, 2), 0.05, "frontier"),
+    Skill("mul1x3", "*", (1, 3), 0.25, "hard tail"),
+    # Not in the RL mix (share 0: no rows): only the base's SFT stages drew them.
+    Skill("add5", "+", (5, 5), 0.0, "SFT only"),
+    Skill("add6", "+", (6, 6), 0.0, "SFT only"),
+    Skill("mul2x2", "*", (2, 2), 0.0, "SFT only"),
 )
 SKILL_BY_NAME = {s.name: s for s in SKILLS}
 DATA_SOURCES = tuple(s.data_source for s in SKILLS)

@@ -37,7 +37,9 @@ MATH_DATA_SOURCES = frozenset({"math_dapo", "math500", "aime2024", "aime2025", "
 GPQA_DATA_SOURCES = frozenset({"gpqa_diamond"})
 # The tiny LM's arithmetic skills (arith.py writes "arith_<skill>"; keep in sync with arith.SKILLS).
 # Responses end in "Answer: N", which math_dapo's Minerva path extracts.
-ARITH_DATA_SOURCES = frozenset(f"arith_{s}" for s in ("add2", "sub2", "add3", "add4", "mul1x2", "mul2x2"))
+ARITH_DATA_SOURCES = frozenset(
+    f"arith_{s}" for s in ("add2", "sub2", "add3", "add4", "add5", "add6", "mul1x2", "mul1x3", "mul2x2")
+)
 
 CHOICE_LETTERS = "ABCD"
 INVALID = "[INVALID]"  # same marker math_dapo uses when nothing could be extracted

@@ -22,13 +22,10 @@ OUT_DIR=${OUT_DIR:-tiny_cpu_out/$METHOD}
 NUM_TRAIN=${NUM_TRAIN:-640}
 NUM_VAL=${NUM_VAL:-300}
 
-case "$METHOD" in
-  grpo)         ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=false) ;;
-  prompt_gdro)  ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=false) ;;
-  rollout_gdro) ADVERSARIES=(gdro.prompt.enable=false gdro.rollout.enable=true) ;;
-  joint_gdro)   ADVERSARIES=(gdro.prompt.enable=true  gdro.rollout.enable=true) ;;
-  *) echo "cpu_backend_tiny.sh: METHOD=$METHOD: use grpo, prompt_gdro, rollout_gdro or joint_gdro" >&2; exit 2 ;;
-esac
+# The method is config/method/$METHOD.yaml, as for every launcher (Hydra's method=<name>).
+if [ ! -f "recipe/gdro/config/method/$METHOD.yaml" ]; then
+  echo "cpu_backend_tiny.sh: METHOD=$METHOD: use grpo, prompt_gdro, rollout_gdro or joint_gdro (recipe/gdro/config/method/)" >&2; exit 2
+fi
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then
   "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0
@@ -37,7 +34,7 @@ BASE=$("$PY" -c "from recipe.gdro.tinylm.model import BASE_MODEL_DIR; print(BASE
 
 exec "$PY" -m recipe.gdro.main_gdro \
   gdro.backend=cpu \
-  "${ADVERSARIES[@]}" \
+  method="$METHOD" \
   gdro.binner.num_bins=6 \
   data.train_files="[$DATA_DIR/train.parquet]" \
   data.val_files="[$DATA_DIR/val.parquet]" \

@@ -66,22 +66,34 @@ def test_readme_links_to_docs_that_exist():
         assert (REPO / name).exists()
 
 
+def _tables(lines: list[str]) -> list[list[str]]:
+    """Every Markdown table in ``lines``: its header, separator and rows."""
+    out, cur = [], []
+    for ln in lines + [""]:
+        if ln.startswith("|"):
+            cur.append(ln)
+        elif cur:
+            out.append(cur)
+            cur = []
+    return [t for t in out if len(t) > 1 and t[1].startswith("|---")]
+
+
 def test_readme_results_tables_are_the_ones_commands_write():
-    """The README's tables are the config reference and the tiny-LM study's primary family, as
-    ``recipe.gdro.experiments.study primary`` writes it (its columns, its declared comparisons in order); the
-    simulator's tables have one home, docs/simulator.md, where the headline table is sim_sweep's."""
-    from recipe.gdro.experiments.study import PRIMARY_COLUMNS, primary_comparisons
+    """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
+    tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study/REPORT.md,
+    which tests/test_study.py regenerates from the committed runs), except the previous study's, kept
+    under its own heading; the simulator's headline table is sim_sweep's headline.md."""
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
-    from recipe.gdro.results.table import markdown_row
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    headers = {
-        ln for ln, nxt in zip(lines, lines[1:] + [""], strict=True) if ln.startswith("| ") and nxt.startswith("|---")
-    }
-    assert headers == {"| key | default | meaning |", markdown_row(PRIMARY_COLUMNS)}, headers
-    start = lines.index(markdown_row(PRIMARY_COLUMNS)) + 2
-    names = [ln.split("|")[1].strip() for ln in lines[start:] if ln.startswith("| ")][: len(primary_comparisons())]
-    assert names == [c.name for c in primary_comparisons()]
+    assert [t[0] for t in _tables(lines)] == ["| key | default | meaning |"]
+    doc = (REPO / "docs" / "tiny_lm.md").read_text(encoding="utf-8")
+    study = doc[doc.index("## The study") :]
+    current, _, previous = study.partition("## The previous study (before protocol files)")
+    assert previous, "the pre-protocol study's tables sit under their own heading"
+    report = (REPO / "results" / "tiny_lm_study" / "REPORT.md").read_text(encoding="utf-8")
+    for table in _tables(current.splitlines()):
+        assert "\n".join(table) in report, f"docs/tiny_lm.md table not in REPORT.md: {table[0]}"
     sim = (REPO / "docs" / "simulator.md").read_text(encoding="utf-8").splitlines()
     assert COMPARE_HEADER in sim, "docs/simulator.md's headline table is sim_sweep's headline.md"
 
@@ -122,7 +134,7 @@ HEADLINE_MACHINE_TOLERANCE = {
 @pytest.mark.pinned_figures
 def test_simulator_headline_numbers_are_what_the_code_produces():
     """Not only the header: every row's lr in docs/simulator.md's headline table is the shipped tuned lr,
-    and two rows (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4 at tuned lr) are recomputed with the
+    and two rows (dapo_like grpo and rollout_gdro, seeds 0-4 at tuned lr) are recomputed with the
     current code and must match the docs cell for cell, so stale numbers fail: the same text and marks,
     and the code's unrounded numbers within HEADLINE_MACHINE_TOLERANCE plus half a unit of the docs'
     last printed digit (the rendered ones within the tolerance plus one unit).
@@ -164,7 +176,7 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     for (scen, method), line in headline.items():
         lr = lookup_tuned_lr(scen, "shared", [method])[method]
         assert f"| {scen} | {method} | ×{lr:g} |" in line, (line, lr)
-    methods = ["grpo", "rollout_gdro_sqrt"]
+    methods = ["grpo", "rollout_gdro"]
     sc = load_scenario("dapo_like")
     res = run_experiment(
         sc,
@@ -191,12 +203,12 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
 
 
 def test_headline_row_comparison_allows_the_machine_and_rounding_and_nothing_more():
-    """The comparison above, on issue 28's rows: the fresh AVX2 machine's rollout_gdro_sqrt row passes
+    """The comparison above, on issue 28's rows: the fresh AVX2 machine's rollout_gdro row passes
     against the docs' row; a moved SE reduction, a changed lr, an added "↑" or another mass ratio fails."""
     from recipe.gdro.experiments.sweep import COMPARE_COLUMNS
 
     tol = [HEADLINE_MACHINE_TOLERANCE[c] for c in COMPARE_COLUMNS]
-    head = "dapo_like|rollout_gdro_sqrt|×0.5|90.0 ± 4.3|"
+    head = "dapo_like|rollout_gdro|×0.5|90.0 ± 4.3|"
     docs = head + "47.7 ± 20.4|+0.0 [-0.0, +0.1]|+1.4 [-1.4, +4.1]|13.4|24.6|76.2|1.00"
     avx2 = head + "47.6 ± 20.5|+0.0 [-0.0, +0.1]|+1.3 [-1.6, +4.1]|13.4|24.6|76.3|1.00"
     assert_row_close(avx2.split("|"), docs.split("|"), tol, "issue 28")

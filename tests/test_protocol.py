@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from recipe.gdro.results.stats import (
@@ -13,9 +14,13 @@ from recipe.gdro.results.stats import (
     Comparison,
     RunCache,
     budget_to_reach,
+    censored_budgets,
     check_equal_budgets,
     holm,
+    paired_ci,
+    paired_t_power,
     paired_t_pvalue,
+    plan_seeds,
     value_at_budget,
 )
 
@@ -48,9 +53,64 @@ def test_holm_counts_untestable_comparisons_in_the_family():
 def test_paired_t_pvalue():
     assert math.isnan(paired_t_pvalue([0.3]))
     assert paired_t_pvalue([0.0, 0.0, 0.0]) == 1.0
-    assert paired_t_pvalue([1.0, 1.0, 1.0]) == 0.0
-    # scipy's ttest_1samp on (1, 2, 3): t = 2 / (1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
+    # equal non-zero differences have no variance: the t-test cannot answer (NaN), never p = 0, so a
+    # tie such as a worst-skill difference of +1/60 on every seed is not a Holm rejection
+    assert math.isnan(paired_t_pvalue([1 / 60, 1 / 60, 1 / 60]))
+    family = holm({"tie": paired_t_pvalue([1 / 60] * 3), "other": 0.5})
+    assert not family["tie"].rejected and math.isnan(family["tie"].p_adjusted)
+    # scipy's ttest_rel on (1, 2, 3) against 0: t = 2 / (1 / sqrt 3) = 3.464, df 2 -> p = 0.0742
     assert paired_t_pvalue([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=1e-4)
+
+
+def test_paired_ci_is_scipys_t_interval():
+    mean, lo, hi, n = paired_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    assert (mean, n) == (2.0, 3) and hi - mean == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert math.isnan(paired_ci([0.2, 0.2], [0.1, 0.1])[1])  # no variance: no interval
+
+
+def test_power_plan_matches_a_simulation_of_the_paired_t_after_holm():
+    """plan_seeds' seeds give >= 80% power; one fewer does not; and a Monte-Carlo run of the paired
+    t-test under Holm (one real effect among m comparisons) rejects that often."""
+    from scipy import stats
+
+    plan = plan_seeds(sd=0.008, grpo_gain=0.06, family_size=3)
+    assert plan.effect == pytest.approx(0.015) and not plan.capped  # max(0.01, 25% of 0.06)
+    assert plan.power >= 0.8 > paired_t_power(plan.effect, 0.008, plan.n_seeds - 1, 0.05 / 3)
+    assert paired_t_power(plan.mde, 0.008, plan.n_seeds, 0.05 / 3) == pytest.approx(0.8, abs=1e-6)
+    assert plan.mde <= plan.effect
+    rng = np.random.default_rng(0)
+    trials, hits = 4000, 0
+    for _ in range(trials):
+        d = rng.normal(0.0, 0.008, size=(3, plan.n_seeds))
+        d[0] += plan.effect
+        res = holm({f"c{i}": float(stats.ttest_1samp(d[i], 0.0).pvalue) for i in range(3)})
+        hits += res["c0"].rejected
+    se = math.sqrt(plan.power * (1 - plan.power) / trials)
+    assert hits / trials >= plan.power - 3 * se  # Holm's later steps can only add rejections
+
+
+def test_power_plan_approaches_the_normal_closed_form_for_many_seeds():
+    """For large n the paired t's MDE tends to (z_{1-a/2m} + z_{power}) * sd / sqrt(n)."""
+    from scipy import stats
+
+    plan = plan_seeds(sd=0.05, grpo_gain=0.0, family_size=4, max_seeds=400)  # effect 0.01 -> many seeds
+    z = stats.norm.ppf(1 - 0.05 / 8) + stats.norm.ppf(0.8)
+    assert plan.n_seeds == pytest.approx((z * 0.05 / 0.01) ** 2, rel=0.05)
+    assert plan.mde == pytest.approx(z * 0.05 / math.sqrt(plan.n_seeds), rel=0.02)
+    capped = plan_seeds(sd=0.05, grpo_gain=0.0, family_size=4, max_seeds=10)
+    assert capped.capped and capped.n_seeds == 10 and capped.mde > 0.01
+    with pytest.raises(ValueError, match="sd=nan"):
+        plan_seeds(sd=float("nan"), grpo_gain=0.1, family_size=3)
+
+
+def test_budget_to_target_keeps_censored_seeds():
+    """Kaplan-Meier: seeds that never reach the target are censored at their budget, not dropped."""
+    times = [100.0, math.inf, 300.0, math.inf]  # two seeds never reach the target
+    s = censored_budgets(times, [500, 250, 500, 500])
+    assert (s.n, s.reached, s.censored) == (4, 2, (False, True, False, True))
+    # S(100) = 3/4; the censored seed at 250 leaves 2 at risk at 300: S(300) = 3/4 * 1/2 = 0.375
+    assert s.km_median == 300.0 and s.budgets == (100.0, 250.0, 300.0, 500.0)
+    assert math.isinf(censored_budgets([math.inf, math.inf, 10.0], [20, 30, 40]).km_median)
 
 
 def test_comparison_family_is_checked():

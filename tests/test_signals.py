@@ -163,7 +163,8 @@ def test_pool_commands_stop_their_workers(tmp_path, argv, sig):
     pool's ``with`` waited for every queued run): interrupted once both workers run, each stops at once
     and no worker survives; no report, table or tuned-lr file is written."""
     out = tmp_path / "out"
-    extra = ["--out", str(out)] + (["--table", str(tmp_path / "tuned.json")] if "sweep" in argv[1] else [])
+    extra = ["--table", str(tmp_path / "tuned.json")] if "sweep" in argv[1] else []
+    extra = ["--results" if "study" in argv[1] else "--out", str(out), *extra]
     proc = start([PY, *argv, *extra])
     try:
         wait_for(proc, lambda: len(descendants(proc)) >= 2, what="running its two workers")
@@ -241,8 +242,11 @@ def _refusals(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["-m", "recipe.gdro.experiments.quickstart", "--steps", "0", "--out", str(tmp_path / "q")], "--steps 0"),
         (["-m", "recipe.gdro.experiments.quickstart", "--out", str(plain / "q")], f"{plain} is a file"),
         (["-m", "recipe.gdro.experiments.sweep", "tune", "--steps", "0", "--out", str(tmp_path / "s")], "--steps 0"),
-        (["-m", "recipe.gdro.experiments.study", "--out", str(tmp_path / "st"), "report"], "no run cache"),
-        (["-m", "recipe.gdro.experiments.study", "--out", str(tmp_path / "st"), "--jobs", "0", "primary"], "--jobs"),
+        (["-m", "recipe.gdro.experiments.study", "--results", str(tmp_path / "st"), "report"], "no runs folder"),
+        (
+            ["-m", "recipe.gdro.experiments.study", "--results", str(tmp_path / "st"), "--jobs", "0", "primary"],
+            "--jobs",
+        ),
         (["-m", "recipe.gdro.sim.simulate", "--out", str(plain / "x"), "--steps", "5"], f"{plain} is a file"),
     ]
 

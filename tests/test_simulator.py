@@ -17,7 +17,7 @@ import yaml
 from recipe.gdro.results import plot as gdro_plot
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
 from recipe.gdro.sim import plots as sim_plots
-from recipe.gdro.sim.methods import DEFAULT_METHODS, parse_set_overrides
+from recipe.gdro.sim.methods import default_methods, parse_set_overrides
 from recipe.gdro.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
 from recipe.gdro.sim.simulate import run_experiment, run_one
 
@@ -86,7 +86,7 @@ def test_grpo_learner_improves_and_uses_verls_advantage(monkeypatch):
 def test_total_rollouts_equal_across_methods(tmp_path):
     sc = tiny()
     res = run_experiment(sc, str(tmp_path), seeds=[0], steps=30, workers=1, progress=False, plots=False)
-    assert set(res["methods"]) == set(DEFAULT_METHODS)
+    assert set(res["methods"]) == set(default_methods())
     expected = 30 * sc.batch_size * sc.n_mean
     assert res["equal_total_rollouts"] is True
     for name, e in res["methods"].items():
@@ -95,9 +95,7 @@ def test_total_rollouts_equal_across_methods(tmp_path):
         recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), e["metrics_files"][0]))
         assert [r["sim/rollouts_total"] for r in recs] == [sc.batch_size * sc.n_mean] * 30
     # the rollout methods really did vary the per-prompt counts (otherwise equality is trivial)
-    recs = gdro_plot.read_metrics_jsonl(
-        os.path.join(str(tmp_path), res["methods"]["rollout_gdro_sqrt"]["metrics_files"][0])
-    )
+    recs = gdro_plot.read_metrics_jsonl(os.path.join(str(tmp_path), res["methods"]["rollout_gdro"]["metrics_files"][0]))
     rpp = [
         v
         for r in recs
@@ -110,7 +108,7 @@ def test_total_rollouts_equal_across_methods(tmp_path):
 def test_rollout_gdro_gives_rare_hard_skill_more_compute_than_its_data_share():
     sc = scenario_from_dict(RARE_HARD, source="rare_hard_small.yaml")
     k = [s.name for s in sc.skills].index("rare_hard")
-    r = run_one(sc, "rollout_gdro_sqrt", seed=0, steps=80)
+    r = run_one(sc, "rollout_gdro", seed=0, steps=80)
     data, compute = r["skill_data_share"][k], r["skill_compute_share"][k]
     assert compute > 1.3 * data, f"rare hard skill: compute share {compute:.3f} vs data share {data:.3f}"
     # and uniform GRPO gives it exactly its data share
@@ -122,7 +120,7 @@ def test_rare_hard_skill_bins_get_compute_share_above_data_share(tmp_path):
     """Bin view (what the plots show): the bins holding the rare skill's prompts, averaged over steps."""
     sc = scenario_from_dict(RARE_HARD, source="rare_hard_small.yaml")
     path = str(tmp_path / "m.jsonl")
-    run_one(sc, "rollout_gdro_sqrt", seed=0, steps=80, metrics_path=path)
+    run_one(sc, "rollout_gdro", seed=0, steps=80, metrics_path=path)
     s = gdro_plot.Series.from_records(gdro_plot.read_metrics_jsonl(path))
     late = s.steps > 30  # after the first visits have binned the prompts
     hard_bins = ["bin_01", "bin_02", "bin_03"]  # initial p of the rare skill is ~0.1-0.35; the core sits in bins 8-9
@@ -134,17 +132,17 @@ def test_rare_hard_skill_bins_get_compute_share_above_data_share(tmp_path):
 
 def test_reproducible_for_a_fixed_seed(tmp_path):
     sc = tiny()
-    a = run_one(sc, "joint", seed=3, steps=15, metrics_path=str(tmp_path / "a.jsonl"))
-    b = run_one(sc, "joint", seed=3, steps=15, metrics_path=str(tmp_path / "b.jsonl"))
-    c = run_one(sc, "joint", seed=4, steps=15)
+    a = run_one(sc, "joint_gdro", seed=3, steps=15, metrics_path=str(tmp_path / "a.jsonl"))
+    b = run_one(sc, "joint_gdro", seed=3, steps=15, metrics_path=str(tmp_path / "b.jsonl"))
+    c = run_one(sc, "joint_gdro", seed=4, steps=15)
     for key in a["curves"]:
         assert np.array_equal(a["curves"][key], b["curves"][key], equal_nan=True), key
     assert a["summary"] == b["summary"]
     assert (tmp_path / "a.jsonl").read_text() == (tmp_path / "b.jsonl").read_text()
     assert a["curves"]["mean_accuracy"] != c["curves"]["mean_accuracy"]
     # bandit (own RNG) is reproducible too
-    x = run_one(sc, "rollout_gdro_bandit", seed=1, steps=10)
-    y = run_one(sc, "rollout_gdro_bandit", seed=1, steps=10)
+    x = run_one(sc, "rollout_gdro:rollout.allocator=bandit", seed=1, steps=10)
+    y = run_one(sc, "rollout_gdro:rollout.allocator=bandit", seed=1, steps=10)
     for key in x["curves"]:
         assert np.array_equal(x["curves"][key], y["curves"][key], equal_nan=True), key
 
@@ -166,7 +164,7 @@ def test_methods_share_batches_and_reward_draws(monkeypatch):
     monkeypatch.setattr(learner_mod._LearnerBase, "rollout", recording)
     real_init = learner_mod._LearnerBase.__init__
     sc = tiny()
-    for method in ("grpo", "prompt_gdro", "rollout_gdro_sqrt"):
+    for method in ("grpo", "prompt_gdro", "rollout_gdro"):
 
         def init(self, *a, _m=method, **k):
             real_init(self, *a, **k)
@@ -176,7 +174,7 @@ def test_methods_share_batches_and_reward_draws(monkeypatch):
         run_one(sc, method, seed=0, steps=16)  # > one epoch (10 steps): GDRO acts once prompts are seen
     base = calls["grpo"]
     assert len(base) == 16
-    for method in ("prompt_gdro", "rollout_gdro_sqrt"):
+    for method in ("prompt_gdro", "rollout_gdro"):
         other = calls[method]
         differ = 0
         for (ids_a, n_a, a), (ids_b, n_b, b) in zip(base, other, strict=True):
@@ -191,7 +189,7 @@ def test_methods_share_batches_and_reward_draws(monkeypatch):
                 assert not np.any((rb > ra) & (b["p"][i] <= a["p"][i]))
             differ += int(not np.array_equal(a["p"], b["p"]))
         assert differ > 0  # the policies did diverge, so the coupling was exercised
-    assert not np.array_equal(calls["grpo"][-1][1], calls["rollout_gdro_sqrt"][-1][1])  # counts differ
+    assert not np.array_equal(calls["grpo"][-1][1], calls["rollout_gdro"][-1][1])  # counts differ
 
 
 # ------------------------------------------------------------------------------------ plotting
@@ -215,7 +213,7 @@ def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
     res = run_experiment(
         sc,
         str(out),
-        methods=["grpo", "prompt_gdro", "rollout_gdro_sqrt"],
+        methods=["grpo", "prompt_gdro", "rollout_gdro"],
         seeds=[0, 1],
         steps=30,
         workers=1,
@@ -239,12 +237,12 @@ def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
             assert key in e
         assert len(e["curves"]["mean_accuracy"]["mean"]) == 31
         assert e["mean_accuracy_std"] >= 0
-    assert data["methods"]["rollout_gdro_sqrt"]["se_reduction"] != 0.0
+    assert data["methods"]["rollout_gdro"]["se_reduction"] != 0.0
     assert (
         data["methods"]["grpo"]["se_reduction"] == 0.0 and data["methods"]["prompt_gdro"]["variance_reduction"] == 0.0
     )
     report = (out / "report.md").read_text()
-    assert report.splitlines()[0].lower().count("synthetic") == 1 and "| rollout_gdro_sqrt |" in report
+    assert report.splitlines()[0].lower().count("synthetic") == 1 and "| rollout_gdro |" in report
     assert "**prompt_gdro** vs GRPO:" in report and "paired, 2 seeds, 95% CI" in report
     assert "DESIGN" not in report
     pngs = {p.name for p in out.glob("*.png")}
@@ -253,9 +251,9 @@ def test_simulator_outputs_and_plots(tmp_path, monkeypatch):
         "skill_compute_share.png",
         "prompt_gdro_traveling_wave.png",
         "grpo_bins.png",
-        "rollout_gdro_sqrt_compute_share.png",
-        "rollout_gdro_sqrt_rollouts_per_bin.png",
-        "rollout_gdro_sqrt_mu.png",
+        "rollout_gdro_compute_share.png",
+        "rollout_gdro_rollouts_per_bin.png",
+        "rollout_gdro_mu.png",
     ):
         assert name in pngs and (out / name).stat().st_size > 5000, name
     assert titles and all("synthetic" in t.lower() for _, t in titles), titles
@@ -401,7 +399,7 @@ def test_cli_end_to_end(tmp_path):
         "2",
         "--methods",
         "grpo",
-        "joint",
+        "joint_gdro",
         "--set",
         "binner.num_bins=6",
         "--workers",
@@ -411,10 +409,10 @@ def test_cli_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "synthetic learner" in proc.stdout
     res = json.loads((out / "results.json").read_text())
-    assert res["seeds"] == [0, 1] and set(res["methods"]) == {"grpo", "joint"}
-    assert res["methods"]["joint"]["gdro_config"]["binner"]["num_bins"] == 6
-    assert (out / "metrics" / "joint" / "seed1.jsonl").exists()
-    assert (out / "joint_traveling_wave.png").stat().st_size > 5000
+    assert res["seeds"] == [0, 1] and set(res["methods"]) == {"grpo", "joint_gdro"}
+    assert res["methods"]["joint_gdro"]["gdro_config"]["binner"]["num_bins"] == 6
+    assert (out / "metrics" / "joint_gdro" / "seed1.jsonl").exists()
+    assert (out / "joint_gdro_traveling_wave.png").stat().st_size > 5000
 
     bad = subprocess.run(
         [sys.executable, "-m", "recipe.gdro.sim.simulate", "--scenario", "no_such_scenario", "--out", str(out)],
@@ -491,7 +489,7 @@ def test_se_figures_use_true_variances_in_the_steady_state_window():
     assert steady_state_start(sc, 5) == 1
     g = run_one(sc, "grpo", 0, steps=30)
     assert g["summary"]["se_reduction"] == 0.0 and g["summary"]["variance_reduction"] == 0.0
-    r = run_one(sc, "rollout_gdro_sqrt", 0, steps=30)
+    r = run_one(sc, "rollout_gdro", 0, steps=30)
     se = np.asarray(r["curves"]["true_se_reduction"][1:])
     orc = np.asarray(r["curves"]["oracle_se_reduction"][1:])
     assert np.all(se <= orc + 1e-9)  # nothing beats the per-prompt oracle
@@ -503,7 +501,7 @@ def test_se_figures_use_true_variances_in_the_steady_state_window():
 
 
 def test_paired_ci():
-    from recipe.gdro.sim.simulate import paired_ci
+    from recipe.gdro.results.stats import paired_ci
 
     mean, lo, hi, n = paired_ci([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
     # d = 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.30265 (tables) → half-width 4.30265 / sqrt(3)
@@ -518,8 +516,10 @@ def test_paired_ci():
 
 
 def test_lr_scale_and_tuned_lr_lookup(tmp_path):
-    from recipe.gdro.experiments.sweep import LR_GRID, TUNE_PRESETS
+    from recipe.gdro.experiments.sweep import load_plan, tune_methods
     from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+
+    LR_GRID = load_plan().lr_grid
 
     r = run_one(tiny(), "grpo", 0, steps=2, lr_scale=2.0)
     assert r["lr"] == pytest.approx(0.04) and r["lr_scale"] == 2.0
@@ -531,7 +531,7 @@ def test_lr_scale_and_tuned_lr_lookup(tmp_path):
         assert tuple(reader.fieldnames) == TUNED_LR_COLUMNS
         rows = list(reader)
     for scen in shipped_scenarios():
-        got = lookup_tuned_lr(scen, "shared", list(TUNE_PRESETS))
+        got = lookup_tuned_lr(scen, "shared", tune_methods())
         assert set(got.values()) <= set(LR_GRID)
     assert all(r["grid"] == " ".join(f"{g:g}" for g in LR_GRID) for r in rows)
     with pytest.raises(ValueError, match="no tuned lr"):
@@ -540,8 +540,10 @@ def test_lr_scale_and_tuned_lr_lookup(tmp_path):
 
 def test_docs_tables_have_the_format_the_commands_write():
     """Every results table in docs/simulator.md is pasted from a command's output: same header."""
-    from recipe.gdro.experiments.sweep import COMPARE_HEADER, DEFAULTS_HEADER, LR_CURVE_HEADER
+    from recipe.gdro.experiments.sweep import COMPARE_HEADER, DEFAULTS_HEADER, lr_curve_header
     from recipe.gdro.sim.simulate import RESULTS_HEADER
+
+    LR_CURVE_HEADER = lr_curve_header()
 
     docs = open(os.path.join(REPO, "docs", "simulator.md"), encoding="utf-8").read()
     assert COMPARE_HEADER in docs, "the headline table is sim_sweep's headline.md"
@@ -696,3 +698,36 @@ def test_ctrl_c_stops_the_simulator_at_once_and_keeps_the_old_outputs(tmp_path):
     assert stopped_after < 8, stopped_after
     assert sorted(p.name for p in out.iterdir()) == ["report.md"] and (out / "report.md").read_text() == "OLD REPORT"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim"]  # no partial or backup folder left
+
+
+def test_methods_are_the_registry_files_and_variants_are_overrides_on_them():
+    """One definition of a method: the simulator's gdro config is config/method/<name>.yaml's (e.g. the
+    shipped hysteresis 0.03 of Prompt-GDRO and joint GDRO), and a variant only adds overrides."""
+    from omegaconf import OmegaConf
+
+    from recipe.gdro.config.registry import METHOD_DIR, method_names
+    from recipe.gdro.sim.methods import build_gdro_dict
+
+    sc = tiny()
+    assert method_names() == ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro")
+    for name in method_names():
+        shipped = OmegaConf.to_container(OmegaConf.load(METHOD_DIR / f"{name}.yaml"))["gdro"]
+        got = build_gdro_dict(sc, name, {}, seed=0)
+        assert got["binner"]["hysteresis"] == shipped["binner"]["hysteresis"], name
+        assert (
+            got["prompt"]["enable"] == shipped["prompt"]["enable"]
+            and got["rollout"]["enable"] == shipped["rollout"]["enable"]
+        )
+    assert build_gdro_dict(sc, "prompt_gdro", {}, seed=0)["binner"]["hysteresis"] == 0.03
+    bandit = build_gdro_dict(sc, "rollout_gdro:rollout.allocator=bandit", {"binner": {"num_bins": 6}}, seed=0)
+    assert bandit["rollout"]["allocator"] == "bandit" and bandit["binner"]["num_bins"] == 6
+    assert bandit["rollout"]["enable"] and not bandit["prompt"]["enable"]
+    # a --set override wins over the method's file, but never switches an adversary
+    assert build_gdro_dict(sc, "prompt_gdro", {"binner": {"hysteresis": 0.0}}, seed=0)["binner"]["hysteresis"] == 0.0
+    with pytest.raises(ValueError, match="rollout.enable is what defines a method"):
+        build_gdro_dict(sc, "grpo:rollout.enable=true", {}, seed=0)
+    with pytest.raises(ValueError, match="unknown method 'joint'"):
+        build_gdro_dict(sc, "joint", {}, seed=0)
+    from recipe.gdro.sim.simulate import main
+
+    assert main(["--methods", "joint", "--out", "/nonexistent/never"]) == 2

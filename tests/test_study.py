@@ -1,123 +1,165 @@
-"""The tiny-LM study harness (recipe/gdro/experiments/study.py): its declared protocol and its run cache."""
+"""The tiny-LM study harness (recipe/gdro/experiments/study.py, protocol.py): the pre-registered
+protocol, its spent-seed ledger, the committed run summaries and the report regenerated from them,
+and the whole harness end to end on a smoke protocol."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from recipe.gdro.experiments import study
-from recipe.gdro.results.stats import PRIMARY
+from recipe.gdro.experiments.protocol import Ledger, ProtocolError, load_protocol
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results" / "tiny_lm_study"
 
 
-def _run(final: dict[str, float], curve: list[tuple[int, float]], mass: float, before=None) -> dict:
-    before = before or {"add2": 0.9, "sub2": 0.4, "mul2x2": 0.01}
-    return {
-        "before": {**{k: {"pass1": v} for k, v in before.items()}, "all": {"pass1": 0.5}},
-        "after": {**{k: {"pass1": v} for k, v in final.items() if k != "all"}, "all": {"pass1": final["all"]}},
-        "curve": [{"tokens": t, "mean": m} for t, m in curve],
-        "tokens": curve[-1][0],
-        "weighted_adv_token_mass": mass,
+def test_the_shipped_protocol_is_valid_and_its_evaluation_seeds_are_unspent_by_other_protocols():
+    """The committed ledger: no evaluation seed of the shipped protocol was spent by another protocol
+    (the pre-protocol study's seeds 0-7 included)."""
+    p = load_protocol()
+    ledger = Ledger(RESULTS / "spent_seeds.yaml")
+    seeds = [*p.primary["seed_pool"], *p.confirm["seeds"]]
+    assert ledger.conflicts(p.hash, seeds) == {}
+    assert {0, 1, 2, 3, 4, 5, 6, 7} <= {s for e in ledger.entries() for s in e["seeds"]}
+    assert set(p.tuning["methods"]) == {"grpo", "prompt_gdro", "rollout_gdro", "joint_gdro"}
+    assert any(a.warm_start > 0 for a in p.arms()) and any(a.control for a in p.arms())
+    # exploratory arms run on seeds that tuned nothing (no winner's curse)
+    assert not set(p.explore["seeds"]) & set(p.tuning["seeds"])
+
+
+def test_the_committed_report_is_what_the_committed_runs_give():
+    """README/docs tables regenerate from the repository alone: `study report` on results/tiny_lm_study
+    reproduces its REPORT.md byte for byte, and every run summary holds the fields the issue names."""
+    p = load_protocol()
+    s = study.Study(p, RESULTS, jobs=0, log=lambda *_: None)
+    assert study.report(s).rstrip("\n") + "\n" == (RESULTS / "REPORT.md").read_text(encoding="utf-8")
+    need = {"method", "stage", "seed", "lr", "protocol_hash", "started_at", "base_exact", "final_exact"}
+    need |= {"final_sampled", "tokens", "rollouts"}
+    for path in (RESULTS / "runs").glob("*.json"):
+        summary = json.loads(path.read_text())["summary"]
+        assert need <= set(summary) and summary["protocol_hash"] == p.hash, path
+
+
+def _protocol(tmp_path: Path, filename: str = "smoke.yaml", **changes) -> Path:
+    data = {
+        "name": "smoke",
+        "shape": {"steps": 3, "prompts": 4, "n": 2, "num_train": 16, "num_val": 12, "eval_every": 1},
+        "eval_temperature": 1.0,
+        "tuning": {"seeds": [100, 101], "lr_grid": [1e-4, 1e-3], "methods": ["grpo", "rollout_gdro"]},
+        "primary": {
+            "reference": "grpo",
+            "methods": ["rollout_gdro"],
+            "metrics": ["final_exact"],
+            "power": {"target": 0.8, "floor": 0.01, "fraction": 0.25},
+            "seed_pool": [0, 1],
+        },
+        "explore": {
+            "seeds": [200],
+            "reference": "grpo",
+            "arms": [
+                {"name": "rollout_gdro, warm start k=1", "method": "rollout_gdro", "warm_start": 1},
+                {"name": "grpo at lr 0", "method": "grpo", "lr_scale": 0.0, "control": True},
+            ],
+        },
+        "confirm": {"seeds": [300], "metrics": ["final_exact", "final_exact_worst"]},
+        "long": {"seeds": [400], "methods": ["grpo", "rollout_gdro"], "regimes": {"pool": {"num_train": 8}}},
+        "solvable": 0.0,
     }
+    data.update(changes)
+    path = tmp_path / filename
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
-def test_the_primary_family_is_declared_in_code_and_complete():
-    family = study.primary_comparisons()
-    assert len(family) == 9 and {c.family for c in family} == {PRIMARY}
-    assert {c.method for c in family} == {"prompt_gdro", "rollout_gdro", "joint"}
-    assert {c.metric for c in family} == {"final_mean", "final_worst", "log_tokens_to_target"}
-    assert [c.lower_is_better for c in family if c.metric == "log_tokens_to_target"] == [True] * 3
+def test_protocol_errors_name_the_key(tmp_path):
+    with pytest.raises(ProtocolError, match="each seed has one role"):
+        load_protocol(_protocol(tmp_path, long={"seeds": [100], "methods": ["grpo"], "regimes": {}}))
+    with pytest.raises(ProtocolError, match="'joint' is not in config/method"):
+        load_protocol(
+            _protocol(tmp_path, tuning={"seeds": [100, 101], "lr_grid": [1e-4], "methods": ["grpo", "joint"]})
+        )
+    with pytest.raises(ProtocolError, match="explore.arms"):
+        load_protocol(_protocol(tmp_path, explore={"seeds": [200], "arms": [{"name": "x", "method": "joint_gdro"}]}))
+    assert study.main(["tune", "--protocol", str(tmp_path / "none.yaml"), "--results", str(tmp_path)]) == 2
 
 
-def test_seed_metrics_worst_skill_ignores_what_the_base_cannot_solve_and_tokens_are_relative():
-    grpo = _run({"add2": 0.95, "sub2": 0.50, "mul2x2": 0.0, "all": 0.60}, [(0, 0.5), (100, 0.55), (200, 0.60)], 10.0)
-    gdro = _run({"add2": 0.90, "sub2": 0.60, "mul2x2": 0.0, "all": 0.62}, [(0, 0.5), (100, 0.60), (210, 0.62)], 12.5)
-    m = study.seed_metrics(gdro, grpo)
-    # mul2x2 is below the base's SOLVABLE threshold: its 0.0 must not be the worst skill
-    assert m["final_worst"] == pytest.approx(0.60) and study.solvable_skills(grpo["before"]) == ["add2", "sub2"]
-    # GDRO reaches GRPO's final 0.60 at 100 tokens, GRPO at 200: log(100/200)
-    assert m["log_tokens_to_target"] == pytest.approx(math.log(0.5))
-    assert m["mean_at_grpo_tokens"] == pytest.approx(0.60 + (0.62 - 0.60) * 100 / 110)
-    assert m["step_mass_ratio"] == pytest.approx(1.25)
-    never = _run({"add2": 0.9, "sub2": 0.4, "mul2x2": 0.0, "all": 0.55}, [(0, 0.5), (200, 0.55)], 10.0)
-    assert math.isnan(study.seed_metrics(never, grpo)["log_tokens_to_target"])  # not reached: untestable, not 0
+def test_a_changed_protocol_cannot_reuse_spent_seeds(tmp_path):
+    ledger = Ledger(tmp_path / "spent_seeds.yaml")
+    ledger.path.write_text("# spent seeds\nspent: []\n")
+    ledger.spend("aaaa", "primary", [0, 1])
+    ledger.spend("aaaa", "primary", [0, 1, 2])  # the same protocol may extend its own entry
+    assert [e["seeds"] for e in ledger.entries()] == [[0, 1], [2]]
+    assert ledger.path.read_text().startswith("# spent seeds\n")
+    with pytest.raises(ProtocolError, match="seed 1 was spent by protocol aaaa"):
+        ledger.spend("bbbb", "confirm", [1, 5])
+    assert ledger.conflicts("bbbb", [5, 6]) == {}
 
 
-def test_the_confirmatory_arm_is_the_largest_tuning_seed_gain_and_the_seeds_are_fresh(monkeypatch):
-    arms = {
-        "a": ("joint", {}, 1.0),
-        "control": ("grpo", {}, 0.0),
-        "b": ("rollout_gdro", {}, 1.0),
-        "c": ("prompt_gdro", {}, 0.5),
-    }
-    monkeypatch.setattr(study, "EXPLORE_ARMS", arms)
-    gains = {"a": [0.01, -0.03], "control": [0.05, 0.05], "b": [0.004, 0.0], "c": [-0.01, 0.012]}
-    assert study.chosen_arm(gains) == "b"  # a GRPO control is never the arm confirmed
-    assert study.chosen_arm({**gains, "a": [0.0, 0.0], "b": [0.0, 0.0], "c": [-0.1, 0.0]}) == "a"  # ties: first
-    used = {*study.TUNING_SEEDS, *study.EVAL_SEEDS, *study.EXPLORE_SEEDS, *study.LONG_SEEDS}
-    assert not used & set(study.CONFIRM_SEEDS) and len(study.CONFIRM_SEEDS) >= 5
+def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
+    """tune -> primary (power plan, ledger) -> explore (warm start, control) -> confirm -> long; then
+    the report from the run summaries alone, and the refusals (another protocol's runs, report with
+    runs missing)."""
+    proto = _protocol(tmp_path)
+    res = tmp_path / "res"
+    args = ["--protocol", str(proto), "--results", str(res), "--jobs", "1"]
+    assert study.main(["report", *args[:4]]) == 2  # no runs folder at all: refused, nothing created
+    assert "no runs folder" in capsys.readouterr().err and not res.exists()
+    assert study.main(["tune", *args]) == 0
+    runs = res / "runs"
+    assert len(list(runs.glob("*.json"))) == 2 * 2 * 2  # methods x lrs x tuning seeds
+    summary = json.loads(next(runs.glob("tune-*.json")).read_text())["summary"]
+    for key in ("method", "stage", "seed", "lr", "protocol_hash", "started_at", "base_exact", "final_exact"):
+        assert key in summary
+    assert 0 < summary["final_exact"] < 1 and summary["rollouts"] == 3 * 4 * 2
+    assert summary["protocol_hash"] == load_protocol(proto).hash
+    assert study.main(["primary", *args]) == 0
+    out = capsys.readouterr().out
+    assert "minimum detectable effect" in out and "p (Holm)" in out
+    ledger = Ledger(res / "spent_seeds.yaml")
+    assert ledger.entries()[0]["stage"] == "primary" and set(ledger.entries()[0]["seeds"]) <= {0, 1}
+    assert study.main(["explore", *args]) == 0
+    warm = [json.loads(p.read_text())["summary"] for p in runs.glob("explore-rollout_gdro_warm*.json")]
+    # the warm start's 16 rollouts are 2 steps of 8: the run trains 1 step and spends the same budget
+    assert warm and warm[0]["steps_trained"] == 1 and warm[0]["rollouts"] == 3 * 4 * 2
+    assert study.main(["confirm", *args]) == 0
+    assert study.main(["long", *args]) == 0
+    first = (res / "REPORT.md").read_text()
+    for section in ("## Tuning", "## Cold start", "## Primary", "## Exploratory arms", "## Confirmation"):
+        assert section in first
+    assert "Not run yet" not in first
+    n_runs = len(list(runs.glob("*.json")))
+    # the report: from the summaries alone, byte-identical, runs nothing
+    assert study.main(["report", *args[:4]]) == 0 and (res / "REPORT.md").read_text() == first
+    assert len(list(runs.glob("*.json"))) == n_runs
+    # a changed protocol: its runs would mix hashes, refused; its evaluation seeds are spent
+    other = _protocol(tmp_path, "edited.yaml", name="smoke, edited")
+    assert study.main(["report", "--protocol", str(other), "--results", str(res)]) == 2
+    assert "never mixes protocols" in capsys.readouterr().err
+    assert Ledger(res / "spent_seeds.yaml").conflicts(load_protocol(other).hash, [0, 1]) != {}
+    # a report asked for while a run is missing says which stage is not run
+    (next(runs.glob("long-*.json"))).unlink()
+    assert study.main(["report", *args[:4]]) == 0
+    assert "## Regimes\n\nNot run yet" in (res / "REPORT.md").read_text()
 
 
-def test_report_runs_nothing_and_names_the_missing_run(tmp_path, capsys):
-    assert study.main(["report", "--out", str(tmp_path)]) == 2  # no cache at all: nothing is created
-    assert "no run cache" in capsys.readouterr().err and not (tmp_path / "cache").exists()
-    (tmp_path / "cache").mkdir()
-    assert study.main(["report", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "not in the cache" in err and f"grpo lr={study.LR_GRID[0]:g} seed={study.TUNING_SEEDS[0]}" in err
-    assert not any((tmp_path / "cache").iterdir())
-
-
-def test_the_study_tunes_on_tuning_seeds_then_resumes_from_its_cache(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(
-        study, "STUDY_SHAPE", {"steps": 2, "prompts": 4, "n": 2, "num_train": 16, "num_val": 12, "eval_every": 1}
+def test_exploratory_arms_are_confirmed_only_if_they_gained(tmp_path):
+    p = load_protocol(_protocol(tmp_path))
+    s = study.Study(p, tmp_path / "r", jobs=0)
+    assert study.chosen_arm(s, {"rollout_gdro, warm start k=1": [-0.01], "grpo at lr 0": [0.05]}) is None
+    assert study.chosen_arm(s, {"rollout_gdro, warm start k=1": [0.002], "grpo at lr 0": [0.05]}) == (
+        "rollout_gdro, warm start k=1"
     )
-    monkeypatch.setattr(study, "LR_GRID", (1e-4, 1e-3))
-    monkeypatch.setattr(study, "TUNING_SEEDS", (100,))
-    monkeypatch.setattr(study, "EVAL_SEEDS", (0, 1))
-    out = tmp_path / "study"
-    assert study.main(["tune", "--out", str(out), "--jobs", "1"]) == 0
-    assert len(list((out / "cache").iterdir())) == 4 * 2  # methods x lrs x tuning seeds
-    tuned = json.loads((out / "tuned_lr.json").read_text())
-    for method, lr in tuned.items():  # the chosen lr is the best on the tuning seed
-        scores = {
-            g: study.RunCache(out / "cache").get(study.run_config(method, g, 100))["after"]["all"]["pass1"]
-            for g in study.LR_GRID
-        }
-        assert scores[lr] == max(scores.values())
-    assert study.main(["primary", "--out", str(out), "--jobs", "1"]) == 0
-    first = (out / "report.md").read_text()
-    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2  # + methods x evaluation seeds
-    assert "p (Holm)" in first and first.count("\n| ") >= 9
-    capsys.readouterr()
-    assert study.main(["report", "--out", str(out)]) == 0  # everything cached: runs nothing
-    assert "0 to run" in capsys.readouterr().out and (out / "report.md").read_text() == first
-    # the exploratory arms: GRPO's tuning-seed run is reused, the arm is one new run
-    monkeypatch.setattr(study, "EXPLORE_SEEDS", (100,))
-    monkeypatch.setattr(study, "EXPLORE_ARMS", {"tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}, 1.0)})
-    assert study.main(["explore", "--out", str(out), "--jobs", "1"]) == 0
-    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1
-    assert "| tokens |" in (out / "explore.md").read_text()
-    # the confirmatory run: the chosen arm and GRPO on fresh seeds, nothing else
-    monkeypatch.setattr(study, "CONFIRM_SEEDS", (5, 6))
-    assert study.main(["confirm", "--out", str(out), "--jobs", "1"]) == 0
-    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2 * 2
-    confirmed = (out / "confirm.md").read_text()
-    assert "'tokens'" in confirmed and "fresh seeds [5, 6]" in confirmed and "| final worst-skill |" in confirmed
-    # the regimes: their own shapes, so their own runs (the small pool's shape differs in num_train)
-    long_shape = {**study.STUDY_SHAPE, "steps": 8, "eval_every": 1}
-    monkeypatch.setattr(study, "REGIMES", {"long": long_shape, "pool": {**study.STUDY_SHAPE, "num_train": 8}})
-    monkeypatch.setattr(study, "LONG_SEEDS", (100, 101))
-    assert study.main(["long", "--out", str(out), "--jobs", "1"]) == 0
-    assert len(list((out / "cache").iterdir())) == 8 + 4 * 2 + 1 + 2 * 2 + 2 * 2 * 2
-    long = (out / "long.md").read_text()  # per regime: a header row and 2 method rows
-    head = "| step 0 | step 2 | step 4 | step 6 | step 8 | final vs GRPO (95% CI) | final worst-skill |"
-    assert head in long and "long (8 steps, 16 training prompts)" in long and "pool (2 steps, 8" in long
-    assert long.count("\n| ") == 2 * (1 + 2)
-    # a changed setting is a different run: the cache does not answer for it
-    monkeypatch.setitem(study.STUDY_SHAPE, "steps", 3)
-    assert study.main(["report", "--out", str(out)]) == 2
+
+
+def test_tokens_to_target_keeps_censored_seeds():
+    run = {"curve": [[0, 0, 0, 0.9, 0.5], [1, 100, 8, 0.9, 0.55], [2, 200, 16, 0.9, 0.6]], "tokens": 200}
+    assert study.tokens_to(run, 0.55) == pytest.approx(100)
+    assert math.isinf(study.tokens_to(run, 0.7))  # censored at 200, reported, not dropped
 
 
 def test_the_direct_loop_names_an_unusable_device(capsys):
@@ -130,3 +172,20 @@ def test_the_direct_loop_names_an_unusable_device(capsys):
         assert direct.main(["--device", "cuda", "--steps", "1"]) == 2
         assert "--device: device='cuda': CUDA is not available" in capsys.readouterr().err
     assert direct.main(["--device", "tpu9", "--steps", "1"]) == 2
+
+
+def test_the_direct_cli_is_its_dataclass_and_keeps_its_flags():
+    from recipe.gdro.experiments import direct
+
+    args = direct.parse_args(
+        ["--method", "joint_gdro", "--steps", "7", "--num_train", "32", "--gdro", "rollout.budget=tokens"]
+        + ["--gdro", "binner.num_bins=6", "--warm-start", "2"]
+    )
+    assert (args.method, args.steps, args.num_train, args.warm_start) == ("joint_gdro", 7, 32, 2)
+    assert args.gdro == ["rollout.budget=tokens", "binner.num_bins=6"]
+    gdro = direct.method_gdro("joint_gdro", 4, {"rollout": {"budget": "tokens"}})
+    assert gdro["binner"]["hysteresis"] == 0.03 and gdro["rollout"]["n_mean"] == 4 and gdro["prompt"]["enable"]
+    with pytest.raises(SystemExit):
+        direct.parse_args(["--method", "joint"])
+    with pytest.raises(ValueError, match="whole number of steps"):
+        direct.warm_steps(direct.DirectConfig(warm_start=1, num_train=10, prompts=4, n=2, steps=5))

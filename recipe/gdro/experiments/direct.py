@@ -18,7 +18,10 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 6. :func:`recipe.gdro.tinylm.policy.ppo_update` with verl's vanilla clipped loss, one mini-batch
    of the whole step (on-policy: the rollout log-probs are the old log-probs, ratio 1).
 
-``run_direct(config)`` returns per-skill validation accuracy before and after, the learning curve
+``run_direct(config)`` returns per-skill validation accuracy before and after, the exact metric
+(``base_exact`` / ``final_exact``: the mean teacher-forced probability of the canonical answer at
+``config.temperature``, ``recipe.gdro.tinylm.exact``; per skill in ``before_exact`` / ``after_exact``
+and in every curve point as ``exact`` / ``exact_<skill>``), the learning curve
 (validation every ``eval_every`` steps against cumulative tokens and rollouts), per-step metrics
 (with the step's Σ|A|·tokens) and timings; the CLI prints them and writes them as JSON with
 ``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
@@ -26,10 +29,11 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +44,12 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
-from recipe.gdro.tinylm import policy, tasks
+from recipe.gdro.config.registry import method_config, method_names, parse_overrides
+from recipe.gdro.tinylm import exact, policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 from verl_ext import GDROController
+from verl_ext.binner import aggregate_responses
 from verl_ext.config import gdro_config_from_dict
-
-METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint")
 
 
 @dataclass
@@ -57,10 +61,15 @@ class DirectConfig:
     prompts: int = 64  # prompts per step
     n: int = 4  # mean rollouts per prompt
     lr: float = 3e-4
-    temperature: float = 1.0
+    temperature: float = 1.0  # rollouts, the loss and validation (one temperature, as verl's val_kwargs here)
     max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
-    method: str = "grpo"
+    method: str = "grpo"  # a config/method/<name>.yaml (grpo, prompt_gdro, rollout_gdro, joint_gdro)
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
+    # Binner warm start (issue 26 item 7): before step 1, sample warm_start responses per training
+    # prompt with the model being trained and record them in the binner only (no update, no
+    # adversary step). Its rollouts and tokens count in the budget: the run trains
+    # steps - warm_start * num_train / (prompts * n) steps, which must be a whole number.
+    warm_start: int = 0
     num_train: int = 8000
     train_file: str | None = None  # train on these rows (data_prep/arith.py's parquet schema) instead
     num_val: int = 1000
@@ -84,22 +93,24 @@ class DirectConfig:
     )
 
 
-def method_gdro(method: str, n: int) -> dict[str, Any]:
-    """The ``gdro:`` section of a method (GRPO keeps the binner observing, adversaries off)."""
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-    return {
-        "observe": True,
-        "prompt": {"enable": method in ("prompt_gdro", "joint")},
-        "rollout": {"enable": method in ("rollout_gdro", "joint"), "n_mean": n},
-    }
+def method_gdro(method: str, n: int, overrides: dict | None = None) -> dict[str, Any]:
+    """The ``gdro:`` section of a run: ``config/method/<method>.yaml`` (the registry), the binner
+    observing (GRPO logs its bins too), n̄ = ``n``, then ``overrides``; the method's switches win."""
+    return method_config(method, {"observe": True, "rollout": {"n_mean": n}}, overrides or {})
 
 
-def _merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def warm_steps(config: DirectConfig) -> int:
+    """Training steps the warm start's rollouts replace (ValueError unless a whole number of steps)."""
+    if config.warm_start <= 0:
+        return 0
+    spent = config.warm_start * config.num_train
+    per_step = config.prompts * config.n
+    if spent % per_step or spent // per_step >= config.steps:
+        raise ValueError(
+            f"warm_start={config.warm_start}: {spent} warm-up rollouts must be a whole number of steps of "
+            f"{per_step} rollouts, fewer than steps={config.steps}"
+        )
+    return spent // per_step
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,9 +123,15 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def _curve_point(result: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """One learning-curve point: mean (frequency-weighted) and per-skill pass@1."""
-    return {"mean": result["all"]["pass1"], **{k: v["pass1"] for k, v in result.items() if k != "all"}}
+def _curve_point(result: dict[str, dict[str, Any]], exact_table: dict[str, dict[str, float]]) -> dict[str, float]:
+    """One learning-curve point: mean (frequency-weighted) and per-skill pass@1, and the exact metric
+    (``exact``, ``exact_<skill>``: mean teacher-forced probability of the canonical answer)."""
+    return {
+        "mean": result["all"]["pass1"],
+        **{k: v["pass1"] for k, v in result.items() if k != "all"},
+        "exact": exact_table["all"]["exact"],
+        **{f"exact_{k}": v["exact"] for k, v in exact_table.items() if k != "all"},
+    }
 
 
 def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
@@ -136,7 +153,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
     # As the recipe's trainer builds it: the actor's loss_agg_mode sets Prompt-GDRO's mass units.
     ctl = GDROController(
-        gdro_config_from_dict(_merge(method_gdro(config.method, config.n), config.gdro)),
+        gdro_config_from_dict(method_gdro(config.method, config.n, config.gdro)),
         len(train),
         loss_agg_mode=config.actor["loss_agg_mode"],
         max_response_length=config.max_new_tokens,
@@ -145,25 +162,22 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     optimizer = policy.make_optimizer(model, config.lr)
 
     t0 = time.perf_counter()
-    before = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    before = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
+    before_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
     eval_seconds = time.perf_counter() - t0
-    log(f"before ({eval_seconds:.0f} s):\n{tasks.format_table(before)}")
+    log(f"before ({eval_seconds:.0f} s, exact {before_exact['all']['exact']:.4f}):\n{tasks.format_table(before)}")
 
     order = rng.permutation(len(train))
     cursor = 0
     history = []
     # The learning curve: validation accuracy against cumulative generated tokens and rollouts.
-    curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before)}]
+    curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before, before_exact)}]
     tokens_total = rollouts_total = 0
-    t_train = time.perf_counter()
-    for step in range(config.steps):
-        t_step = time.perf_counter()
-        if cursor + config.prompts > len(order):
-            order, cursor = rng.permutation(len(train)), 0
-        ids = order[cursor : cursor + config.prompts]
-        cursor += config.prompts
-        counts = ctl.schedule(ids)
-        pid = np.repeat(ids, counts)
+
+    def rollouts(pid: np.ndarray) -> tuple[list, np.ndarray]:
+        """Sample one response per entry of ``pid`` (prompt ids) and score each: (responses, correct)."""
         out = policy.sample(
             model,
             [prompt_tokens[i] for i in pid],
@@ -183,6 +197,34 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 for i, (r, _) in zip(pid, out, strict=True)
             ]
         )
+        return out, acc
+
+    first_step = warm_steps(config)
+    if first_step:  # the binner warm start: every training prompt visited once, k samples, binner only
+        warm = np.repeat(np.arange(len(train)), config.warm_start)
+        chunk = config.prompts * config.n
+        for lo in range(0, len(warm), chunk):
+            pid = warm[lo : lo + chunk]
+            out, acc = rollouts(pid)
+            ids, correct, counts, nonfinite = aggregate_responses(pid, acc)
+            ctl.binner.update(ids, correct, counts, num_nonfinite=nonfinite)
+            mask = policy.rollout_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)["response_mask"]
+            tokens_total += int(mask.sum())  # counted as the training steps count them
+            rollouts_total += len(pid)
+        log(f"warm start: {len(warm)} rollouts, {tokens_total} tokens (= {first_step} steps' rollouts)")
+        curve[0].update(tokens=tokens_total, rollouts=rollouts_total)
+    t_train = time.perf_counter()
+    for step in range(first_step, config.steps):
+        t_step = time.perf_counter()
+        if cursor + config.prompts > len(order):
+            order, cursor = rng.permutation(len(train)), 0
+        ids = order[cursor : cursor + config.prompts]
+        cursor += config.prompts
+        # the cold start (issue 26 item 7): the share of the batch the binner has never seen
+        unseen = float(np.mean(ctl.binner.visits_of(ids) == 0))
+        counts = ctl.schedule(ids)
+        pid = np.repeat(ids, counts)
+        out, acc = rollouts(pid)
         batch = policy.rollout_batch([prompt_tokens[i] for i in pid], out, tok.pad_token_id)
         lengths = batch["response_mask"].sum(1)
         rewards = torch.zeros_like(batch["old_log_probs"])
@@ -211,6 +253,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
                 "train/response_length": float(lengths.float().mean()),
                 "train/rollouts": int(len(pid)),
                 "train/tokens": int(lengths.sum()),
+                "train/unseen_share": unseen,
                 "train/adv_token_mass": adv_token_mass,
                 "train/weighted_adv_token_mass": weighted_mass,
                 "time/step_s": time.perf_counter() - t_step,
@@ -221,22 +264,43 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         tokens_total += int(lengths.sum())
         rollouts_total += len(pid)
         if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
-            point = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
-            curve.append({"step": step + 1, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(point)})
+            point = tasks.evaluate(
+                model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+            )
+            point_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
+            curve.append(
+                {
+                    "step": step + 1,
+                    "tokens": tokens_total,
+                    "rollouts": rollouts_total,
+                    **_curve_point(point, point_exact),
+                }
+            )
         if (step + 1) % max(1, config.steps // 10) == 0:
             log(
                 f"step {step + 1}/{config.steps} train acc {metrics['train/acc']:.3f} "
                 f"len {metrics['train/response_length']:.1f} ({time.perf_counter() - t_train:.0f} s)"
             )
     train_seconds = time.perf_counter() - t_train
-    after = tasks.evaluate(model, tok, val, samples=config.eval_samples, seed=config.seed)
+    after = tasks.evaluate(
+        model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
+    )
+    after_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
-    curve.append({"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after)})
+    log(f"exact metric {before_exact['all']['exact']:.4f} -> {after_exact['all']['exact']:.4f}")
+    curve.append(
+        {"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after, after_exact)}
+    )
     return {
         "config": config.__dict__,
         "before": before,
         "after": after,
+        # the exact metric (recipe.gdro.tinylm.exact) at config.temperature, per skill and its mean
+        "before_exact": before_exact,
+        "after_exact": after_exact,
+        "base_exact": before_exact["all"]["exact"],
+        "final_exact": after_exact["all"]["exact"],
         "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(1, config.steps),
         "eval_seconds": eval_seconds,
@@ -246,49 +310,53 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     }
 
 
-def parse_gdro_overrides(items: list[str]) -> dict[str, Any]:
-    """``["rollout.budget=tokens", "prompt.eta=0.1"]`` -> a nested dict (values parsed as YAML)."""
-    import yaml
+@dataclass
+class _CliOnly:
+    """Flags of the command line that are not run settings."""
 
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{item!r} is not KEY=VALUE")
-        node = out
-        *parents, leaf = key.removeprefix("gdro.").split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(text)
-    return out
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    threads: int = field(default=1, metadata={"help": "torch threads"})
+    gdro: list[str] = field(
+        default_factory=list,
+        metadata={
+            "action": "extend",
+            "metavar": "KEY=VALUE",
+            "help": "a gdro.* override over the method's, e.g. rollout.budget=tokens (repeatable)",
+        },
     )
-    d = DirectConfig()
-    p.add_argument("--model_path", default=d.model_path)
-    p.add_argument("--method", choices=METHODS, default=d.method)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--prompts", type=int, default=d.prompts)
-    p.add_argument("--n", type=int, default=d.n)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--num_train", type=int, default=d.num_train, help="training prompts (revisits need few)")
-    p.add_argument("--eval_samples", type=int, default=d.eval_samples)
-    p.add_argument("--eval_every", type=int, default=d.eval_every, help="validate every k steps too (0: off)")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--device", default=d.device, help="cpu, cuda[:N] or auto (CUDA when present)")
-    p.add_argument(
-        "--gdro",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a gdro.* override over the method's, e.g. rollout.budget=tokens (repeatable)",
-    )
-    p.add_argument("--out", default=None, help="write the result (without the model) as JSON here")
-    return p.parse_args(argv)
+    out: str | None = field(default=None, metadata={"help": "write the result (without the model) as JSON here"})
+
+
+_HELP = {
+    "method": "a method of recipe/gdro/config/method/ (the registry)",
+    "num_train": "training prompts (revisits need few)",
+    "eval_every": "validate every k steps too (0: off)",
+    "device": "cpu, cuda[:N] or auto (CUDA when present)",
+    "temperature": "rollouts, loss and validation",
+    "warm_start": "binner warm start: k samples per training prompt before step 1, counted in the budget",
+}
+
+
+def build_parser():
+    """``transformers.HfArgumentParser`` over :class:`DirectConfig`'s scalar fields plus the CLI's own flags:
+    each flag is its field (name, type, default), written once."""
+    from transformers import HfArgumentParser
+
+    hints = typing.get_type_hints(DirectConfig)
+    fields = []
+    for f in dataclasses.fields(DirectConfig):
+        if f.name == "gdro" or hints[f.name] is dict:
+            continue
+        meta = {"help": _HELP.get(f.name, "")}
+        if f.name == "method":
+            meta["choices"] = list(method_names())
+        fields.append((f.name, hints[f.name], field(default=f.default, metadata=meta)))
+    cli = dataclasses.make_dataclass("DirectArgs", fields, bases=(_CliOnly,))
+    return HfArgumentParser(cli, description=__doc__.split("\n\n")[0])
+
+
+def parse_args(argv=None):
+    (args,) = build_parser().parse_args_into_dataclasses(list(sys.argv[1:] if argv is None else argv))
+    return args
 
 
 def main(argv=None) -> int:
@@ -297,6 +365,9 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if not args.temperature > 0:
+        print(f"error: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
+        return 2
     if args.n < 2:
         print("error: --n must be >= 2 (a GRPO group needs two rollouts)", file=sys.stderr)
         return 2
@@ -306,26 +377,20 @@ def main(argv=None) -> int:
         print(f"error: --device: {e}", file=sys.stderr)
         return 2
     try:
-        gdro = parse_gdro_overrides(args.gdro)
-        gdro_config_from_dict(_merge(method_gdro(args.method, args.n), gdro))
+        gdro = parse_overrides(args.gdro, what="--gdro")
+        gdro_config_from_dict(method_gdro(args.method, args.n, gdro))
     except ValueError as e:
         print(f"error: --gdro: {e}", file=sys.stderr)
         return 2
-    torch.set_num_threads(args.threads)
     config = DirectConfig(
-        gdro=gdro,
-        model_path=args.model_path,
-        method=args.method,
-        steps=args.steps,
-        prompts=args.prompts,
-        n=args.n,
-        lr=args.lr,
-        seed=args.seed,
-        num_train=args.num_train,
-        eval_samples=args.eval_samples,
-        eval_every=args.eval_every,
-        device=args.device,
+        gdro=gdro, **{f.name: getattr(args, f.name) for f in dataclasses.fields(DirectConfig) if hasattr(args, f.name)}
     )
+    try:
+        warm_steps(config)
+    except ValueError as e:
+        print(f"error: --warm_start: {e}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
     result = run_direct(config)
     result.pop("model")
     if args.out:

@@ -1,37 +1,28 @@
-"""The tiny-LM study: GDRO against a tuned GRPO on a real learner, under a declared protocol.
+"""The tiny-LM study: GDRO against a tuned GRPO on a real learner, under a pre-registered protocol.
 
-Usage (from the repository root; outputs go under ``--out``, never into the source tree)::
+Usage (from the repository root)::
 
-    python -m recipe.gdro.experiments.study --out ~/gdro_study tune      # lr grid per method, tuning seeds
-    python -m recipe.gdro.experiments.study --out ~/gdro_study primary   # tuned lrs, evaluation seeds, Holm
-    python -m recipe.gdro.experiments.study --out ~/gdro_study explore   # exploratory arms, tuning seeds only
-    python -m recipe.gdro.experiments.study --out ~/gdro_study long      # regimes: 1,000 steps, a 256-prompt pool
-    python -m recipe.gdro.experiments.study --out ~/gdro_study confirm   # the best explore arm vs GRPO, fresh seeds
-    python -m recipe.gdro.experiments.study --out ~/gdro_study report    # the primary tables again, from the cache
+    python -m recipe.gdro.experiments.study tune      # the lr grid per method, tuning seeds
+    python -m recipe.gdro.experiments.study primary   # the power plan, then the evaluation seeds, Holm
+    python -m recipe.gdro.experiments.study explore   # exploratory arms, on seeds that tuned nothing
+    python -m recipe.gdro.experiments.study confirm   # the best arm (if it gained) vs GRPO, fresh seeds
+    python -m recipe.gdro.experiments.study long      # regimes: a long horizon, a small pool
+    python -m recipe.gdro.experiments.study report    # every table again, from the committed runs only
 
-Every run is :func:`recipe.gdro.experiments.direct.run_direct` (the CPU backend's sampling, log-prob and
-update code, the recipe's ``verl_ext`` controllers, verl's GRPO advantage and policy loss; no Ray).
-Finished runs are stored in ``OUT/cache`` under the SHA-256 of their full configuration
-(:class:`recipe.gdro.results.stats.RunCache`), so an interrupted stage resumes where it stopped and
-a changed setting never reuses a stale run.
+The plan is data: ``--protocol`` (default ``recipe/gdro/experiments/protocols/tiny_lm.yaml``, whose
+comments state the rules: seeds, the lr grid, the arms, the primary family, the power rule, the
+confirmation rule). Every run is :func:`recipe.gdro.experiments.direct.run_direct` on a method of
+``config/method/`` (the shipped settings), scored by the exact teacher-forced probability of the
+answer (``recipe.gdro.tinylm.exact``, the primary metric) and by one sampled draw (secondary).
 
-The protocol, fixed here before any evaluation-seed run:
-
-* **Tuning.** Each method's learning rate is the best of :data:`LR_GRID` by mean final validation
-  accuracy over :data:`TUNING_SEEDS`. Nothing is chosen on :data:`EVAL_SEEDS`.
-* **Pairing.** A seed fixes the data order, the initial sampling stream and the validation draws;
-  every method sees the same training prompts in the same order and the same validation prompts.
-* **Primary family** (:func:`primary_comparisons`), each GDRO method against tuned GRPO, paired
-  over the evaluation seeds, Holm-corrected together: final mean accuracy, final worst-skill
-  accuracy (over the skills the base solves at pass@1 >= :data:`SOLVABLE`), and the generated
-  tokens needed to reach GRPO's final mean accuracy (log ratio; lower is better).
-* **Budgets.** All methods generate the same number of rollouts (refused otherwise); tokens differ
-  and are reported, with accuracy also read at GRPO's token total (exploratory), and the step size
-  in the loss's units (sum of |A| x tokens) against GRPO's.
-* **Exploration, then confirmation.** Exploratory arms (:data:`EXPLORE_ARMS`) run on tuning seeds
-  only, unadjusted. The confirmatory run takes the GDRO arm with the largest mean gain there
-  (:func:`chosen_arm`) and runs it against tuned GRPO on fresh seeds (:data:`CONFIRM_SEEDS`), its
-  own Holm family of two (final mean and worst-skill accuracy).
+Each finished run is a small JSON in ``--results`` (default ``results/tiny_lm_study``) ``/runs/``:
+method, stage, seed, lr, protocol_hash, started_at, base_exact, final_exact, final_sampled, tokens,
+rollouts and the few curves the tables need. They are the run cache (a stage resumes by running
+only what is missing, on any machine, from the committed files) and the only input of
+``report``, which rewrites ``REPORT.md`` from them. Runs of another protocol hash are refused (move
+them to their own folder); evaluation seeds are spent through ``spent_seeds.yaml``
+(:mod:`recipe.gdro.experiments.protocol`). Every stage checks that compared runs had equal
+rollouts (:func:`recipe.gdro.results.stats.check_equal_budgets`).
 """
 
 from __future__ import annotations
@@ -42,493 +33,611 @@ if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no trac
     install("study")
 
 import argparse
+import hashlib
 import json
 import math
+import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from recipe.gdro.experiments.direct import METHODS, DirectConfig
+from recipe.gdro.experiments.protocol import TINY_LM_PROTOCOL, Ledger, Protocol, ProtocolError, load_protocol
+from recipe.gdro.results.runner import MissingRuns, choose_lr, run_all
 from recipe.gdro.results.stats import (
-    PRIMARY,
-    Comparison,
-    RunCache,
+    BudgetMismatch,
     budget_to_reach,
+    canonical_json,
+    censored_budgets,
     check_equal_budgets,
     holm,
+    paired_ci,
     paired_t_pvalue,
-    value_at_budget,
+    plan_seeds,
 )
 from recipe.gdro.results.table import markdown_table
-from recipe.gdro.sim.simulate import paired_ci
 from verl_ext.atomic import atomic_replace
 
-TUNING_SEEDS = (100, 101)
-EVAL_SEEDS = (0, 1, 2)
-LR_GRID = (6.25e-6, 1.25e-5, 2.5e-5, 5e-5, 1e-4, 2e-4)
-SOLVABLE = 0.1  # a skill counts for worst-skill accuracy if the base's pass@1 is at least this
-# The run shape shared by every run of the study (DirectConfig fields; method, lr, seed vary).
-STUDY_SHAPE: dict[str, Any] = {"steps": 150, "prompts": 64, "n": 4, "num_train": 2048, "eval_every": 30}
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
+STAGES = ("tune", "primary", "explore", "confirm", "long", "report")
 
 
-def paper_exact_settings(method: str) -> dict[str, Any]:
-    """The ``gdro`` section PAPER_EXACT=1 sets for ``method`` (read from the shipped Hydra file)."""
-    from omegaconf import OmegaConf
-
-    path = Path(__file__).resolve().parents[1] / "config" / "paper_exact_settings" / f"on_{method}.yaml"
-    return OmegaConf.to_container(OmegaConf.load(path))["gdro"]
-
-
-# Rollout-GDRO's step in the loss's units (Σ|A|·tokens) against GRPO's at one lr (2.5e-5), measured
-# on the tuning seeds by the first exploratory run: the equal-step arms divide their tuned lr by it.
-STEP_MASS = {"rollout_gdro": 1.34, "joint": 1.38}
-
-# Exploratory arms (issue 16, item 5; issue 17): name -> (method, gdro overrides, lr multiplier),
-# each at its method's tuned lr times the multiplier, on EXPLORE_SEEDS (tuning seeds, never the
-# evaluation seeds), against tuned GRPO on the same seeds. Unadjusted.
-EXPLORE_SEEDS = (100, 101)
-EXPLORE_ARMS: dict[str, tuple[str, dict[str, Any], float]] = {
-    "rollout_gdro (defaults: budget=rollouts)": ("rollout_gdro", {}, 1.0),
-    "joint (defaults: budget=rollouts)": ("joint", {}, 1.0),
-    "rollout_gdro, budget=tokens": ("rollout_gdro", {"rollout": {"budget": "tokens"}}, 1.0),
-    "joint, budget=tokens": ("joint", {"rollout": {"budget": "tokens"}}, 1.0),
-    "rollout_gdro, n_max=16 (4 n̄)": ("rollout_gdro", {"rollout": {"n_max": 16}}, 1.0),
-    "rollout_gdro, half_life=2": ("rollout_gdro", {"binner": {"half_life": 2.0}}, 1.0),
-    "rollout_gdro, equal step (lr / 1.34)": ("rollout_gdro", {}, 1.0 / STEP_MASS["rollout_gdro"]),
-    "joint, equal step (lr / 1.38)": ("joint", {}, 1.0 / STEP_MASS["joint"]),
-    "rollout_gdro, allocator=discovery": ("rollout_gdro", {"rollout": {"allocator": "discovery"}}, 1.0),
-    "rollout_gdro, allocator=discovery, n_max=16": (
-        "rollout_gdro",
-        {"rollout": {"allocator": "discovery", "n_max": 16}},
-        1.0,
-    ),
-    "prompt_gdro, PAPER_EXACT=1": ("prompt_gdro", paper_exact_settings("prompt_gdro"), 1.0),
-    "prompt_gdro, normalize=all_responses": ("prompt_gdro", {"prompt": {"normalize": "all_responses"}}, 1.0),
-    "rollout_gdro, PAPER_EXACT=1": ("rollout_gdro", paper_exact_settings("rollout_gdro"), 1.0),
-    # a control, never a candidate for the confirmatory run: what a run that does not learn scores
-    "grpo at lr 0 (control: no learning)": ("grpo", {}, 0.0),
-}
-
-
-# Regimes (exploratory, run after the confirmatory run, never candidates for it): the paper's
-# travelling wave needs the core to saturate and the frontier to move, so prompts must be revisited
-# often: 1,000 steps (each training prompt seen ~31 times), or a 256-prompt pool (~37 times in 150).
-LONG_SHAPE: dict[str, Any] = {**STUDY_SHAPE, "steps": 1000, "eval_every": 100}
-SMALL_POOL_SHAPE: dict[str, Any] = {**STUDY_SHAPE, "num_train": 256}
-REGIMES: dict[str, dict[str, Any]] = {"long horizon": LONG_SHAPE, "small pool": SMALL_POOL_SHAPE}
-LONG_METHODS = ("grpo", "rollout_gdro")
-LONG_SEEDS = (100, 101)
-
-
+# ------------------------------------------------------------------------------------ the runs
 def run_config(
-    method: str, lr: float, seed: int, shape: dict[str, Any] | None = None, gdro: dict[str, Any] | None = None
+    protocol: Protocol,
+    method: str,
+    lr: float,
+    seed: int,
+    *,
+    shape: dict[str, Any] | None = None,
+    gdro: dict[str, Any] | None = None,
+    warm_start: int = 0,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """The full, JSON-able configuration of one run (the run cache's key)."""
-    config = asdict(
-        DirectConfig(method=method, lr=float(lr), seed=int(seed), gdro=gdro or {}, **(shape or STUDY_SHAPE))
+    """The full, JSON-able configuration of one run (its key in the run store)."""
+    from recipe.gdro.experiments.direct import DirectConfig
+
+    direct = asdict(
+        DirectConfig(
+            method=method,
+            lr=float(lr),
+            seed=int(seed),
+            gdro=gdro or {},
+            warm_start=int(warm_start),
+            temperature=protocol.eval_temperature,
+            device=device,
+            **{**protocol.shape, **(shape or {})},
+        )
     )
-    if config["device"] == "cpu":  # keyed only off CPU: the cached runs predate the key and are CPU runs
-        del config["device"]
-    return config
+    return {"direct": direct, "exact_temperature": protocol.eval_temperature}
 
 
-def _summary(result: dict[str, Any]) -> dict[str, Any]:
-    """What the study keeps of a run: curves, budgets, before/after, step-size totals."""
+def _run(job: dict[str, Any]) -> dict[str, Any]:
+    """One run: train, score the base and the trained model exactly (run_direct does); its summary."""
+    from recipe.gdro.experiments.direct import run_direct
+
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    config = job["config"]["direct"]
+    if job["config"]["exact_temperature"] != config["temperature"]:
+        raise ValueError("the exact metric is read at the run's temperature (run_direct)")
+    result = run_direct(dict(config), log=lambda *_: None)
+    final, base = result["after_exact"], result["before_exact"]
     history = result["history"]
+    unseen = [h["train/unseen_share"] for h in history]
     return {
-        "before": result["before"],
-        "after": result["after"],
-        "curve": result["curve"],
-        # run_direct's last curve point holds the run's totals
-        "rollouts": int(result["curve"][-1]["rollouts"]),
+        "method": config["method"],
+        "arm": job["arm"],
+        "stage": job["stage"],
+        "seed": config["seed"],
+        "lr": config["lr"],
+        "protocol_hash": job["protocol_hash"],
+        "started_at": started,
+        "base_exact": base["all"]["exact"],
+        "final_exact": final["all"]["exact"],
+        "base_sampled": result["before"]["all"]["pass1"],
+        "final_sampled": result["after"]["all"]["pass1"],
         "tokens": int(result["curve"][-1]["tokens"]),
-        "adv_token_mass": float(sum(h["train/adv_token_mass"] for h in history)),
+        "rollouts": int(result["curve"][-1]["rollouts"]),
+        "base_exact_by_skill": {k: v["exact"] for k, v in base.items() if k != "all"},
+        "final_exact_by_skill": {k: v["exact"] for k, v in final.items() if k != "all"},
+        "final_sampled_by_skill": {k: v["pass1"] for k, v in result["after"].items() if k != "all"},
+        # [step, tokens, rollouts, sampled mean, exact mean] at each evaluation
+        "curve": [[p["step"], p["tokens"], p["rollouts"], p["mean"], p["exact"]] for p in result["curve"]],
+        "warm_start": config["warm_start"],
+        "steps_trained": len(history),
+        # the cold start: training steps in which every prompt of the batch was unseen (GRPO's
+        # behaviour under every method), and the mean unseen share of a batch
+        "all_unseen_steps": int(sum(u == 1.0 for u in unseen)),
+        "unseen_share": float(np.mean(unseen)) if unseen else float("nan"),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
-        "train_acc": [h["train/acc"] for h in history],
         "seconds": result["train_seconds"],
     }
 
 
-def _run(config: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    from recipe.gdro.experiments.direct import run_direct
-
-    torch.set_num_threads(1)
-    return _summary(run_direct(config, log=lambda *_: None))
+def config_key(config: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
 
 
-class MissingRuns(RuntimeError):
-    """``report`` asked for runs the cache does not hold."""
+class RunStore:
+    """The per-run summaries under ``folder`` (one small JSON each), looked up by configuration.
 
+    Refuses a folder holding runs of another protocol hash (a report never mixes protocols).
+    """
 
-def run_all(configs: list[dict[str, Any]], cache: RunCache, jobs: int, log=print) -> list[dict[str, Any]]:
-    """Results of ``configs`` in order: cached ones read back, the rest run (``jobs`` at a time;
-    ``jobs=0`` runs nothing and raises :class:`MissingRuns` if any is absent)."""
-    todo = [c for c in configs if cache.get(c) is None]
-    if todo and jobs == 0:
-        first = todo[0]
-        raise MissingRuns(
-            f"{len(todo)} of {len(configs)} runs are not in the cache (first: {first['method']} lr={first['lr']:g} "
-            f"seed={first['seed']}); run the stage that makes them"
-        )
-    log(f"{len(configs)} runs, {len(configs) - len(todo)} cached, {len(todo)} to run ({jobs} at a time)")
-    if todo:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for k, (config, result) in enumerate(zip(todo, pool.map(_run, todo), strict=True), 1):
-                cache.put(config, result)
-                log(
-                    f"[{k}/{len(todo)}] {config['method']} lr={config['lr']:g} seed={config['seed']}: "
-                    f"mean {result['after']['all']['pass1']:.3f} ({result['seconds']:.0f} s)"
+    def __init__(self, folder: str | Path, protocol_hash: str):
+        self.folder = Path(folder)
+        self.protocol_hash = protocol_hash
+        self.index: dict[str, tuple[Path, dict[str, Any]]] = {}
+        for path in sorted(self.folder.glob("*.json")):
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+                summary, config = stored["summary"], stored["config"]
+            except (OSError, ValueError, KeyError, TypeError):
+                raise ProtocolError(f"{path}: not a run summary of the study (unreadable); remove it") from None
+            if summary.get("protocol_hash") != protocol_hash:
+                raise ProtocolError(
+                    f"{path}: a run of protocol {str(summary.get('protocol_hash'))[:16]}, not of this protocol "
+                    f"({protocol_hash[:16]}); a report never mixes protocols: move the old runs to their own folder"
                 )
-    return [cache.get(c) for c in configs]
+            self.index[config_key(config)] = (path, stored)
+
+    def get(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        hit = self.index.get(config_key(config))
+        if hit is None or canonical_json(hit[1]["config"]) != canonical_json(config):
+            return None
+        return hit[1]["summary"]
+
+    def put(self, config: dict[str, Any], summary: dict[str, Any]) -> Path:
+        key = config_key(config)
+        slug = re.sub(r"[^A-Za-z0-9]+", "_", summary["arm"]).strip("_")
+        path = self.folder / f"{summary['stage']}-{slug}-seed{summary['seed']}-{key[:8]}.json"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        stored = {"summary": summary, "config": config}
+        with atomic_replace(path, "w") as f:
+            f.write(json.dumps(stored, indent=1, sort_keys=True, allow_nan=True) + "\n")
+        self.index[key] = (path, stored)
+        return path
 
 
-# ------------------------------------------------------------------------------------- tuning
-def tune(cache: RunCache, jobs: int, log=print) -> dict[str, float]:
-    """Each method's lr: best mean final accuracy over the tuning seeds (ties: the smaller lr)."""
-    configs = [run_config(m, lr, s) for m in METHODS for lr in LR_GRID for s in TUNING_SEEDS]
-    results = run_all(configs, cache, jobs, log)
-    score: dict[tuple[str, float], list[float]] = {}
-    for config, result in zip(configs, results, strict=True):
-        score.setdefault((config["method"], config["lr"]), []).append(result["after"]["all"]["pass1"])
-    rows, tuned = [], {}
-    for m in METHODS:
-        means = {lr: float(np.mean(score[(m, lr)])) for lr in LR_GRID}
-        tuned[m] = max(sorted(means), key=lambda lr: means[lr])
-        rows.append([m, *(f"{means[lr]:.3f}" for lr in LR_GRID), f"{tuned[m]:g}"])
-    base = results[0]["before"]["all"]["pass1"]
-    log(f"tuning seeds {list(TUNING_SEEDS)}: final mean validation accuracy (base {base:.3f})")
-    log("\n".join(markdown_table(["method", *(f"lr {lr:g}" for lr in LR_GRID), "chosen"], rows)))
-    return tuned
+class Study:
+    """One protocol, its run store and ledger, and how many runs go at a time (0: run nothing)."""
 
+    def __init__(self, protocol: Protocol, results: Path, jobs: int, device: str = "cpu", log=print):
+        self.p = protocol
+        self.results = Path(results)
+        self.store = RunStore(self.results / "runs", protocol.hash)
+        self.ledger = Ledger(self.results / "spent_seeds.yaml")
+        self.jobs = jobs
+        self.device = device
+        self.log = log
 
-# ------------------------------------------------------------------------------------ primary
-PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "seeds", "p", "p (Holm)", "verdict")
+    def config(self, method: str, lr: float, seed: int, **kw: Any) -> dict[str, Any]:
+        return run_config(self.p, method, lr, seed, device=self.device, **kw)
 
+    def runs(self, stage: str, jobs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Summaries of ``jobs`` ((arm label, config) pairs), running the missing ones."""
+        full = [{"arm": arm, "stage": stage, "protocol_hash": self.p.hash, "config": c} for arm, c in jobs]
+        cached = sum(self.store.get(j["config"]) is not None for j in full)
+        if self.jobs:
+            self.log(f"{stage}: {len(full)} runs, {cached} done, {len(full) - cached} to run ({self.jobs} at a time)")
+        done = [0]
 
-def primary_comparisons() -> list[Comparison]:
-    """The declared primary family: 3 GDRO methods x 3 metrics against tuned GRPO."""
-    out = []
-    for m in METHODS[1:]:
-        out.append(Comparison(f"{m} final mean", m, "grpo", "final_mean"))
-        out.append(Comparison(f"{m} final worst-skill", m, "grpo", "final_worst"))
-        out.append(
-            Comparison(f"{m} tokens to GRPO's final mean", m, "grpo", "log_tokens_to_target", lower_is_better=True)
+        def tick(job: dict[str, Any], r: dict[str, Any]) -> None:
+            done[0] += 1
+            self.log(
+                f"[{done[0]}/{len(full) - cached}] {job['arm']} lr={r['lr']:g} seed={r['seed']}: "
+                f"exact {r['final_exact']:.4f}, sampled {r['final_sampled']:.3f} ({r['seconds']:.0f} s)"
+            )
+
+        return run_all(
+            full,
+            _run,
+            workers=self.jobs,
+            cache=self.store,
+            key=lambda j: j["config"],
+            on_done=tick,
+            describe=lambda j: (
+                f"{j['stage']} {j['arm']} lr={j['config']['direct']['lr']:g} seed={j['config']['direct']['seed']}"
+            ),
         )
-    return out
 
 
-def solvable_skills(before: dict[str, dict[str, Any]]) -> list[str]:
-    """Skills the base solves at pass@1 >= SOLVABLE (fixed by the base, not by any method's run)."""
-    return [k for k, v in before.items() if k != "all" and v["pass1"] >= SOLVABLE]
+# --------------------------------------------------------------------------------- per-seed metrics
+def solvable_skills(run: dict[str, Any], threshold: float) -> list[str]:
+    """Skills the base answers exactly with probability >= threshold (fixed by the base, not by a method)."""
+    return [k for k, v in run["base_exact_by_skill"].items() if v >= threshold]
 
 
-def seed_metrics(run: dict[str, Any], grpo: dict[str, Any]) -> dict[str, float]:
-    """One run's per-seed metrics, with GRPO's run of the same seed as the reference."""
-    skills = solvable_skills(grpo["before"])
-    tokens = [p["tokens"] for p in run["curve"]]
-    means = [p["mean"] for p in run["curve"]]
-    target = grpo["after"]["all"]["pass1"]
-    reach = budget_to_reach(tokens, means, target)
-    grpo_reach = budget_to_reach([p["tokens"] for p in grpo["curve"]], [p["mean"] for p in grpo["curve"]], target)
-    grpo_mass = grpo["weighted_adv_token_mass"]
-    both_reach = math.isfinite(reach) and reach > 0 and math.isfinite(grpo_reach) and grpo_reach > 0
-    return {
-        "final_mean": run["after"]["all"]["pass1"],
-        "final_worst": min(run["after"][k]["pass1"] for k in skills),
-        # NaN when either run never leaves (or starts at) the target: untestable, never counted as 0
-        "log_tokens_to_target": math.log(reach / grpo_reach) if both_reach else float("nan"),
-        "mean_at_grpo_tokens": value_at_budget(tokens, means, grpo["tokens"]),
-        "tokens": run["tokens"],
-        "step_mass_ratio": run["weighted_adv_token_mass"] / grpo_mass if grpo_mass > 0 else float("nan"),
-    }
+def metric(run: dict[str, Any], name: str, threshold: float) -> float:
+    """``final_exact`` / ``final_sampled`` (means over validation prompts) and their ``_worst`` (the
+    minimum over solvable skills)."""
+    if name in ("final_exact", "final_sampled"):
+        return float(run[name])
+    skills = solvable_skills(run, threshold)
+    by = run["final_exact_by_skill"] if name == "final_exact_worst" else run["final_sampled_by_skill"]
+    return float(min(by[k] for k in skills)) if skills else float("nan")
 
 
-def primary(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Run the evaluation seeds at the tuned lrs and return the report (Markdown)."""
-    configs = {(m, s): run_config(m, tuned[m], s) for m in METHODS for s in EVAL_SEEDS}
-    results = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
-    for s in EVAL_SEEDS:
-        check_equal_budgets({m: results[(m, s)]["rollouts"] for m in METHODS}, "rollouts")
-    per = {(m, s): seed_metrics(results[(m, s)], results[("grpo", s)]) for m in METHODS for s in EVAL_SEEDS}
-    comparisons = primary_comparisons()
-    diffs = {
-        c.name: [per[(c.method, s)][c.metric] - per[("grpo", s)][c.metric] for s in EVAL_SEEDS] for c in comparisons
-    }
-    adjusted = holm({c.name: paired_t_pvalue(diffs[c.name]) for c in comparisons if c.family == PRIMARY})
+def tokens_to(run: dict[str, Any], target: float) -> float:
+    """Tokens at which the run's exact-metric curve first reaches ``target`` (inf: never, censored)."""
+    return budget_to_reach([p[1] for p in run["curve"]], [p[4] for p in run["curve"]], target)
+
+
+def equal_budgets(stage: str, by_seed: dict[int, dict[str, dict[str, Any]]]) -> None:
+    """Every stage: runs compared on one seed generated the same number of rollouts."""
+    for seed, runs in by_seed.items():
+        try:
+            check_equal_budgets({name: r["rollouts"] for name, r in runs.items()}, "rollouts")
+        except BudgetMismatch as e:
+            raise BudgetMismatch(f"{stage}, seed {seed}: {e}") from None
+
+
+def _fmt(x: float, spec: str = "+.4f") -> str:
+    return "n/a" if not math.isfinite(x) else format(x, spec)
+
+
+def _p(x: float) -> str:
+    return "n/a (no variance)" if not math.isfinite(x) else f"{x:.3f}"
+
+
+def family_table(
+    diffs: dict[str, list[float]], alpha: float, better: str = "GDRO better"
+) -> tuple[list[str], dict[str, Any]]:
+    """A Holm family: one row per comparison (mean diff, CI, seeds, p, Holm p, verdict)."""
+    adjusted = holm({k: paired_t_pvalue(v) for k, v in diffs.items()}, alpha=alpha)
     rows = []
-    for c in comparisons:
-        d = np.asarray(diffs[c.name], dtype=float)
-        ok = d[~np.isnan(d)]
-        mean = float(ok.mean()) if ok.size else float("nan")
-        better = mean < 0 if c.lower_is_better else mean > 0
-        h = adjusted[c.name]
-        verdict = ("GDRO better" if better else "GRPO better") if h.rejected else "not resolved"
-        rows.append(
-            [
-                c.name,
-                f"{mean:+.3f}" if ok.size else "n/a",
-                f"{ok.size}/{d.size}",
-                f"{h.p:.3f}",
-                f"{h.p_adjusted:.3f}",
-                verdict,
-            ]
-        )
+    for name, d in diffs.items():
+        mean, lo, hi, n = paired_ci(d, [0.0] * len(d))
+        h = adjusted[name]
+        verdict = (better if mean > 0 else "GRPO better") if h.rejected else "not resolved"
+        ci = f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else "n/a"
+        rows.append([name, _fmt(mean), ci, str(n), _p(h.p), _p(h.p_adjusted), verdict])
+    head = ["comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict"]
+    return markdown_table(head, rows), adjusted
+
+
+PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
+
+
+# ------------------------------------------------------------------------------------------- stages
+def tune(study: Study) -> tuple[dict[str, float], str]:
+    """Each method's lr (best mean final_exact over the tuning seeds; ties: the smaller lr) and its table."""
+    t = study.p.tuning
+    jobs = [(m, study.config(m, lr, s)) for m in t["methods"] for lr in t["lr_grid"] for s in t["seeds"]]
+    runs = study.runs("tune", jobs)
+    score: dict[str, dict[float, list[float]]] = {m: {} for m in t["methods"]}
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
+    for (m, c), r in zip(jobs, runs, strict=True):
+        score[m].setdefault(float(c["direct"]["lr"]), []).append(r["final_exact"])
+        by_seed.setdefault(r["seed"], {})[f"{m} lr={r['lr']:g}"] = r
+    equal_budgets("tune", by_seed)
+    tuned = {m: choose_lr(score[m], prefer="smaller") for m in t["methods"]}
+    rows = [[m, *(f"{np.mean(score[m][float(lr)]):.4f}" for lr in t["lr_grid"]), f"{tuned[m]:g}"] for m in t["methods"]]
+    base = float(np.mean([r["base_exact"] for r in runs]))
     lines = [
-        f"Primary family (declared; {len(comparisons)} comparisons, Holm at 0.05; "
-        f"paired over seeds {list(EVAL_SEEDS)}):",
-        *markdown_table(PRIMARY_COLUMNS, rows),
+        f"Tuning (seeds {t['seeds']}; mean final exact probability; base {base:.4f}):",
         "",
-        "Per method, mean over evaluation seeds (exploratory rows: mean at GRPO's tokens, step mass):",
+        *markdown_table(["method", *(f"lr {lr:g}" for lr in t["lr_grid"]), "chosen"], rows),
     ]
-    skills = [k for k in results[("grpo", EVAL_SEEDS[0])]["after"] if k != "all"]
+    return tuned, "\n".join(lines)
+
+
+def _tuned_runs(study: Study, tuned: dict[str, float]) -> dict[tuple[str, int], dict[str, Any]]:
+    t = study.p.tuning
+    jobs = [(m, study.config(m, tuned[m], s)) for m in t["methods"] for s in t["seeds"]]
+    return {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("tune", jobs), strict=True)}
+
+
+def power_plan(study: Study, tuned: dict[str, float]):
+    """The declared design, from the tuning seeds only (results/stats.py plan_seeds)."""
+    pr = study.p.primary
+    runs = _tuned_runs(study, tuned)
+    seeds = study.p.tuning["seeds"]
+    ref = pr["reference"]
+    th = study.p.solvable
+    variances = []
+    for m in pr["methods"]:
+        for name in pr["metrics"]:
+            d = [metric(runs[(m, s)], name, th) - metric(runs[(ref, s)], name, th) for s in seeds]
+            variances.append(float(np.var(d, ddof=1)) if len(d) > 1 else float("nan"))
+    if not np.all(np.isfinite(variances)):
+        raise ProtocolError(f"{study.p.path}: tuning.seeds: the power plan needs at least two tuning seeds")
+    sd = float(np.sqrt(np.mean(variances)))  # pooled over the family's comparisons
+    gain = float(np.mean([runs[(ref, s)]["final_exact"] - runs[(ref, s)]["base_exact"] for s in seeds]))
+    power = pr.get("power", {})
+    plan = plan_seeds(
+        sd,
+        gain,
+        len(pr["methods"]) * len(pr["metrics"]),
+        alpha=float(pr.get("alpha", 0.05)),
+        target_power=float(power.get("target", 0.8)),
+        floor=float(power.get("floor", 0.01)),
+        fraction=float(power.get("fraction", 0.25)),
+        max_seeds=len(pr["seed_pool"]),
+    )
+    return plan, gain
+
+
+def _power_text(plan, gain: float) -> str:
+    capped = " (the seed pool's size: the target power is not reached)" if plan.capped else ""
+    return (
+        f"Power (declared before the primary run, from the tuning seeds): GRPO's gain {gain:+.4f}; per-seed SD of "
+        f"the paired differences {plan.sd:.4f} (pooled over the family); {plan.n_seeds} evaluation seeds{capped} "
+        f"give {100 * plan.power:.0f}% power after Holm over {plan.family_size} at alpha {plan.alpha:g} for an "
+        f"effect of {plan.effect:.4f}; minimum detectable effect (80% power) {plan.mde:.4f}."
+    )
+
+
+def primary(study: Study, tuned: dict[str, float]) -> str:
+    pr = study.p.primary
+    plan, gain = power_plan(study, tuned)
+    seeds = [int(s) for s in pr["seed_pool"][: plan.n_seeds]]
+    methods = [pr["reference"], *pr["methods"]]
+    if study.jobs:
+        study.ledger.spend(study.p.hash, "primary", seeds)
+    jobs = [(m, study.config(m, tuned[m], s)) for m in methods for s in seeds]
+    runs = {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("primary", jobs), strict=True)}
+    equal_budgets("primary", {s: {m: runs[(m, s)] for m in methods} for s in seeds})
+    th, ref = study.p.solvable, pr["reference"]
+    diffs = {
+        f"{m} {name}": [metric(runs[(m, s)], name, th) - metric(runs[(ref, s)], name, th) for s in seeds]
+        for m in pr["methods"]
+        for name in pr["metrics"]
+    }
+    table, _ = family_table(diffs, float(pr.get("alpha", 0.05)))
     rows = []
-    for m in METHODS:
-        runs = [results[(m, s)] for s in EVAL_SEEDS]
-        pm = [per[(m, s)] for s in EVAL_SEEDS]
+    for m in methods:
+        rs = [runs[(m, s)] for s in seeds]
+        reach = censored_budgets(
+            [tokens_to(runs[(m, s)], runs[(ref, s)]["final_exact"]) for s in seeds], [r["tokens"] for r in rs]
+        )
+        km = "beyond the budget" if not math.isfinite(reach.km_median) else f"{reach.km_median:,.0f}"
         rows.append(
             [
                 f"{m} (lr {tuned[m]:g})",
-                f"{np.mean([r['before']['all']['pass1'] for r in runs]):.3f}",
-                f"{np.mean([p['final_mean'] for p in pm]):.3f}",
-                f"{np.mean([p['final_worst'] for p in pm]):.3f}",
-                *(f"{np.mean([r['after'][k]['pass1'] for r in runs]):.3f}" for k in skills),
-                f"{np.nanmean([p['mean_at_grpo_tokens'] for p in pm]):.3f}",
-                f"{np.mean([p['tokens'] for p in pm]):,.0f}",
-                f"{np.mean([p['step_mass_ratio'] for p in pm]):.2f}",
+                f"{np.mean([r['base_exact'] for r in rs]):.4f}",
+                f"{np.mean([r['final_exact'] for r in rs]):.4f}",
+                f"{np.mean([metric(r, 'final_exact_worst', th) for r in rs]):.4f}",
+                f"{np.mean([r['final_sampled'] for r in rs]):.3f}",
+                f"{km} ({reach.reached}/{reach.n} reached)",
+                f"{np.mean([r['tokens'] for r in rs]):,.0f}",
             ]
         )
-    head = ["method", "base mean", "final mean", "worst-skill", *skills, "mean at GRPO tokens", "tokens", "step mass"]
-    lines.extend(markdown_table(head, rows))
-    lines.append(
-        f"worst-skill over {solvable_skills(results[('grpo', EVAL_SEEDS[0])]['before'])} (base pass@1 >= {SOLVABLE})"
+    head = ["method", "base exact", "final exact", "worst-skill exact", "final sampled", "tokens to GRPO's final"]
+    return "\n".join(
+        [
+            _power_text(plan, gain),
+            "",
+            f"Primary family (declared; Holm at {pr.get('alpha', 0.05)}; paired over seeds {seeds}):",
+            "",
+            *table,
+            "",
+            "Per method (means over the evaluation seeds; tokens to GRPO's final exact mean: Kaplan-Meier median,",
+            "runs that never reach it censored at their budget, not dropped):",
+            "",
+            *markdown_table([*head, "tokens"], rows),
+        ]
     )
-    return "\n".join(lines)
 
 
-def arm_config(name: str, seed: int, tuned: dict[str, float]) -> dict[str, Any]:
-    """The run of exploratory arm ``name`` on ``seed``: its method at the tuned lr times its multiplier."""
-    method, gdro, scale = EXPLORE_ARMS[name]
-    return run_config(method, tuned[method] * scale, seed, gdro=gdro)
+def _explore_runs(study: Study, tuned: dict[str, float]):
+    ex = study.p.explore
+    ref = ex.get("reference", "grpo")
+    seeds = [int(s) for s in ex["seeds"]]
+    jobs = [(f"{ref} (reference)", study.config(ref, tuned[ref], s)) for s in seeds]
+    for arm in study.p.arms():
+        lr = tuned[arm.method] * arm.lr_scale
+        jobs += [(arm.name, study.config(arm.method, lr, s, gdro=arm.gdro, warm_start=arm.warm_start)) for s in seeds]
+    runs = {(a, c["direct"]["seed"]): r for (a, c), r in zip(jobs, study.runs("explore", jobs), strict=True)}
+    ref_runs = {s: runs[(f"{ref} (reference)", s)] for s in seeds}
+    arm_runs = {a.name: {s: runs[(a.name, s)] for s in seeds} for a in study.p.arms()}
+    equal_budgets("explore", {s: {"reference": ref_runs[s], **{a: arm_runs[a][s] for a in arm_runs}} for s in seeds})
+    return seeds, ref_runs, arm_runs
 
 
-def explore_runs(
-    cache: RunCache, jobs: int, tuned: dict[str, float], log=print
-) -> tuple[dict[int, dict[str, Any]], dict[tuple[str, int], dict[str, Any]]]:
-    """GRPO's run per exploration seed and every arm's run per seed (run if not cached)."""
-    grpo = {s: run_config("grpo", tuned["grpo"], s) for s in EXPLORE_SEEDS}
-    arms = {(name, s): arm_config(name, s, tuned) for name in EXPLORE_ARMS for s in EXPLORE_SEEDS}
-    done = run_all([*grpo.values(), *arms.values()], cache, jobs, log)
-    ref = dict(zip(EXPLORE_SEEDS, done[: len(grpo)], strict=True))
-    return ref, dict(zip(arms, done[len(grpo) :], strict=True))
+def explore_gains(ref_runs, arm_runs) -> dict[str, list[float]]:
+    return {a: [r[s]["final_exact"] - ref_runs[s]["final_exact"] for s in ref_runs] for a, r in arm_runs.items()}
 
 
-def explore_gains(ref: dict[int, dict[str, Any]], got: dict[tuple[str, int], dict[str, Any]]) -> dict[str, list[float]]:
-    """Each arm's final mean accuracy minus GRPO's, per exploration seed."""
-    return {
-        name: [got[(name, s)]["after"]["all"]["pass1"] - ref[s]["after"]["all"]["pass1"] for s in EXPLORE_SEEDS]
-        for name in EXPLORE_ARMS
-    }
-
-
-def explore(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Run the exploratory arms and return their table (Markdown; every row exploratory)."""
-    ref, got = explore_runs(cache, jobs, tuned, log)
-    gains = explore_gains(ref, got)
+def explore(study: Study, tuned: dict[str, float]) -> str:
+    seeds, ref_runs, arm_runs = _explore_runs(study, tuned)
+    gains = explore_gains(ref_runs, arm_runs)
+    th = study.p.solvable
     rows = []
-    for name in ["grpo", *EXPLORE_ARMS]:
-        runs = [ref[s] if name == "grpo" else got[(name, s)] for s in EXPLORE_SEEDS]
-        per = [seed_metrics(r, ref[s]) for r, s in zip(runs, EXPLORE_SEEDS, strict=True)]
-        diff = gains.get(name, [0.0] * len(EXPLORE_SEEDS))
-        _, lo, hi, _ = paired_ci(diff, [0.0] * len(diff))
-        lr = tuned["grpo"] if name == "grpo" else arm_config(name, EXPLORE_SEEDS[0], tuned)["lr"]
+    ref_tokens = np.mean([r["tokens"] for r in ref_runs.values()])
+    for name, runs in [("grpo (reference)", ref_runs), *arm_runs.items()]:
+        rs = list(runs.values())
+        g = gains.get(name, [0.0] * len(seeds))
+        mean, lo, hi, _ = paired_ci(g, [0.0] * len(g))
         rows.append(
             [
                 name,
-                f"{lr:.3g}",
-                f"{np.mean([p['final_mean'] for p in per]):.3f}",
-                f"{np.mean(diff):+.3f}",
-                "–" if name == "grpo" else f"[{lo:+.3f}, {hi:+.3f}]",
-                f"{np.mean([p['final_worst'] for p in per]):.3f}",
-                f"{np.mean([r['tokens'] for r in runs]) / np.mean([ref[s]['tokens'] for s in EXPLORE_SEEDS]):.3f}",
-                f"{np.mean([p['step_mass_ratio'] for p in per]):.2f}",
+                f"{rs[0]['lr']:.3g}",
+                f"{np.mean([r['final_exact'] for r in rs]):.4f}",
+                "–" if name not in gains else _fmt(mean),
+                "–" if name not in gains or not math.isfinite(lo) else f"[{lo:+.4f}, {hi:+.4f}]",
+                f"{np.mean([metric(r, 'final_exact_worst', th) for r in rs]):.4f}",
+                f"{np.mean([r['final_sampled'] for r in rs]):.3f}",
+                f"{np.mean([r['tokens'] for r in rs]) / ref_tokens:.3f}",
+                f"{np.mean([r['all_unseen_steps'] / max(1, r['steps_trained']) for r in rs]):.2f}",
             ]
         )
     head = [
-        "arm (exploratory)",
-        "lr",
-        "final mean",
-        "vs GRPO",
-        "95% CI",
-        "worst-skill",
-        "tokens / GRPO's",
-        "step mass",
-    ]
-    lines = [f"Exploratory arms, tuning seeds {list(EXPLORE_SEEDS)}, unadjusted:", *markdown_table(head, rows)]
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------- confirmatory
-# The confirmatory run (issue 16, item 5): the exploratory arm with the largest mean gain in final
-# mean accuracy over GRPO on the tuning seeds (chosen by this rule, in code, before the run) against
-# tuned GRPO on fresh seeds no stage uses otherwise; its own family of two, Holm-corrected.
-CONFIRM_SEEDS = (3, 4, 5, 6, 7)
-CONFIRM_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
-
-
-def confirm_comparisons(method: str) -> list[Comparison]:
-    return [
-        Comparison("final mean", method, "grpo", "final_mean"),
-        Comparison("final worst-skill", method, "grpo", "final_worst"),
-    ]
-
-
-def chosen_arm(gains: dict[str, list[float]]) -> str:
-    """The arm to confirm: the GDRO arm (controls excluded) of largest mean gain (ties: the first declared)."""
-    candidates = [name for name, (method, _, _) in EXPLORE_ARMS.items() if method != "grpo"]
-    return max(candidates, key=lambda name: (float(np.mean(gains[name])), -candidates.index(name)))
-
-
-def confirm(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Pick the arm on the tuning seeds, run it and GRPO on CONFIRM_SEEDS; return the report (Markdown)."""
-    ref, got = explore_runs(cache, jobs, tuned, log)
-    gains = explore_gains(ref, got)
-    name = chosen_arm(gains)
-    method = EXPLORE_ARMS[name][0]
-    configs = {s: (run_config("grpo", tuned["grpo"], s), arm_config(name, s, tuned)) for s in CONFIRM_SEEDS}
-    flat = run_all([c for pair in configs.values() for c in pair], cache, jobs, log)
-    runs = {s: (flat[2 * k], flat[2 * k + 1]) for k, s in enumerate(CONFIRM_SEEDS)}
-    for s, (g, a) in runs.items():
-        check_equal_budgets({"grpo": g["rollouts"], name: a["rollouts"]}, "rollouts")
-    per = {s: (seed_metrics(g, g), seed_metrics(a, g)) for s, (g, a) in runs.items()}
-    comparisons = confirm_comparisons(method)
-    diffs = {c.name: [per[s][1][c.metric] - per[s][0][c.metric] for s in CONFIRM_SEEDS] for c in comparisons}
-    adjusted = holm({c.name: paired_t_pvalue(diffs[c.name]) for c in comparisons})
-    rows = []
-    for c in comparisons:
-        mean, lo, hi, n = paired_ci(diffs[c.name], [0.0] * len(CONFIRM_SEEDS))
-        h = adjusted[c.name]
-        verdict = ("arm better" if mean > 0 else "GRPO better") if h.rejected else "not resolved"
-        rows.append(
-            [c.name, f"{mean:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", f"{n}", f"{h.p:.3f}", f"{h.p_adjusted:.3f}", verdict]
-        )
-    grpo_final = np.mean([per[s][0]["final_mean"] for s in CONFIRM_SEEDS])
-    arm_final = np.mean([per[s][1]["final_mean"] for s in CONFIRM_SEEDS])
-    lines = [
-        f"Confirmatory run: {name!r} (chosen on tuning seeds {list(EXPLORE_SEEDS)}: "
-        f"{np.mean(gains[name]):+.3f}) against GRPO on fresh seeds {list(CONFIRM_SEEDS)}; 2 comparisons, Holm at 0.05:",
-        *markdown_table(CONFIRM_COLUMNS, rows),
-        "",
-        f"final mean: GRPO {grpo_final:.3f}, arm {arm_final:.3f}; tokens / GRPO's "
-        f"{np.mean([a['tokens'] / g['tokens'] for g, a in runs.values()]):.3f}; step mass "
-        f"{np.mean([per[s][1]['step_mass_ratio'] for s in CONFIRM_SEEDS]):.2f}",
-    ]
-    if arm_config(name, EVAL_SEEDS[0], tuned) == run_config(method, tuned[method], EVAL_SEEDS[0]):
-        # the arm is the primary's configuration: pool its seeds (exploratory)
-        prim = run_all([run_config(m, tuned[m], s) for s in EVAL_SEEDS for m in ("grpo", method)], cache, jobs, log)
-        pairs = [(prim[2 * k], prim[2 * k + 1]) for k in range(len(EVAL_SEEDS))] + list(runs.values())
-        d, lo, hi, n = paired_ci(
-            [a["after"]["all"]["pass1"] for _, a in pairs], [g["after"]["all"]["pass1"] for g, _ in pairs]
-        )
-        lines.append(
-            f"pooled with the primary's seeds {list(EVAL_SEEDS)} (same configurations; exploratory): "
-            f"final mean {d:+.3f} [{lo:+.3f}, {hi:+.3f}] over {n} paired seeds"
-        )
-    return "\n".join(lines)
-
-
-def regime_table(name: str, shape: dict[str, Any], results: dict, tuned: dict[str, float]) -> list[str]:
-    """One regime's learning curves (mean over LONG_SEEDS) and final gap to GRPO (Markdown lines)."""
-    steps = [p["step"] for p in results[(LONG_METHODS[0], LONG_SEEDS[0])]["curve"]]
-    if len(steps) > 7:  # every other evaluation, and always the last
-        steps = sorted({*steps[::2], steps[-1]})
-    rows = []
-    for m in LONG_METHODS:
-        runs = [results[(m, s)] for s in LONG_SEEDS]
-        means = [np.mean([next(p["mean"] for p in r["curve"] if p["step"] == k) for r in runs]) for k in steps]
-        per = [seed_metrics(r, results[("grpo", s)]) for r, s in zip(runs, LONG_SEEDS, strict=True)]
-        gap, lo, hi, _ = paired_ci(
-            [p["final_mean"] for p in per], [results[("grpo", s)]["after"]["all"]["pass1"] for s in LONG_SEEDS]
-        )
-        ci = "–" if m == "grpo" else f"{gap:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-        worst = np.mean([p["final_worst"] for p in per])
-        rows.append([f"{m} (lr {tuned[m]:g})", *(f"{v:.3f}" for v in means), ci, f"{worst:.3f}"])
-    head = ["method", *(f"step {k}" for k in steps), "final vs GRPO (95% CI)", "final worst-skill"]
-    title = (
-        f"{name} ({shape['steps']} steps, {shape['num_train']} training prompts), seeds {list(LONG_SEEDS)}, "
-        "mean validation accuracy:"
+        "arm (exploratory)", "lr", "final exact", "vs GRPO", "95% CI", "worst-skill exact", "final sampled",
+        "tokens / GRPO's", "all-unseen steps",
+    ]  # fmt: skip
+    return "\n".join(
+        [
+            f"Exploratory arms (seeds {seeds}, which tuned nothing; each against GRPO at its tuned lr on the same "
+            "seeds; unadjusted):",
+            "",
+            *markdown_table(head, rows),
+        ]
     )
-    return [title, *markdown_table(head, rows)]
 
 
-def long_horizon(cache: RunCache, jobs: int, tuned: dict[str, float], log=print) -> str:
-    """Run the regimes (long horizon, small pool); return their learning curves (Markdown; exploratory)."""
-    configs = {
-        (name, m, s): run_config(m, tuned[m], s, shape=shape)
-        for name, shape in REGIMES.items()
-        for m in LONG_METHODS
-        for s in LONG_SEEDS
-    }
-    done = dict(zip(configs, run_all(list(configs.values()), cache, jobs, log), strict=True))
+def chosen_arm(study: Study, gains: dict[str, list[float]]) -> str | None:
+    """The confirmation rule: the non-control arm of largest mean gain, if that gain is > 0 (ties: first declared)."""
+    candidates = [a.name for a in study.p.arms() if not a.control]
+    if not candidates:
+        return None
+    best = max(candidates, key=lambda n: (float(np.mean(gains[n])), -candidates.index(n)))
+    return best if float(np.mean(gains[best])) > 0 else None
+
+
+def confirm(study: Study, tuned: dict[str, float]) -> str:
+    _, ref_runs, arm_runs = _explore_runs(study, tuned)
+    gains = explore_gains(ref_runs, arm_runs)
+    name = chosen_arm(study, gains)
+    if name is None:
+        best = max(gains, key=lambda n: float(np.mean(gains[n]))) if gains else "none"
+        return (
+            f"Confirmation: no exploratory arm gained over GRPO on the explore seeds (best {best!r}, "
+            f"{np.mean(gains.get(best, [float('nan')])):+.4f}): nothing to confirm, no seed spent."
+        )
+    arm = study.p.arm(name)
+    cf = study.p.confirm
+    seeds = [int(s) for s in cf["seeds"]]
+    if study.jobs:
+        study.ledger.spend(study.p.hash, "confirm", seeds)
+    ref = study.p.explore.get("reference", "grpo")
+    lr = tuned[arm.method] * arm.lr_scale
+    jobs = [(f"{ref} (reference)", study.config(ref, tuned[ref], s)) for s in seeds]
+    jobs += [(arm.name, study.config(arm.method, lr, s, gdro=arm.gdro, warm_start=arm.warm_start)) for s in seeds]
+    runs = {(a, c["direct"]["seed"]): r for (a, c), r in zip(jobs, study.runs("confirm", jobs), strict=True)}
+    g = {s: runs[(f"{ref} (reference)", s)] for s in seeds}
+    a = {s: runs[(arm.name, s)] for s in seeds}
+    equal_budgets("confirm", {s: {"reference": g[s], arm.name: a[s]} for s in seeds})
+    th = study.p.solvable
+    diffs = {m: [metric(a[s], m, th) - metric(g[s], m, th) for s in seeds] for m in cf["metrics"]}
+    table, _ = family_table(diffs, float(cf.get("alpha", 0.05)), better="arm better")
+    return "\n".join(
+        [
+            f"Confirmatory run: {name!r} (chosen on the explore seeds: {np.mean(gains[name]):+.4f}) against GRPO on "
+            f"fresh seeds {seeds}; {len(diffs)} comparisons, Holm at {cf.get('alpha', 0.05)}:",
+            "",
+            *table,
+        ]
+    )
+
+
+def long_regimes(study: Study, tuned: dict[str, float]) -> str:
+    lg = study.p.long
+    seeds, methods = [int(s) for s in lg["seeds"]], lg["methods"]
     lines: list[str] = []
-    for name, shape in REGIMES.items():
-        results = {(m, s): done[(name, m, s)] for m in LONG_METHODS for s in LONG_SEEDS}
-        lines.extend([*regime_table(name, shape, results, tuned), ""])
+    for regime, shape in lg["regimes"].items():
+        jobs = [(f"{regime}: {m}", study.config(m, tuned[m], s, shape=shape)) for m in methods for s in seeds]
+        runs = {(a, c["direct"]["seed"]): r for (a, c), r in zip(jobs, study.runs("long", jobs), strict=True)}
+        by = {m: {s: runs[(f"{regime}: {m}", s)] for s in seeds} for m in methods}
+        equal_budgets(f"long ({regime})", {s: {m: by[m][s] for m in methods} for s in seeds})
+        rows = []
+        for m in methods:
+            mean, lo, hi, _ = paired_ci(
+                [by[m][s]["final_exact"] for s in seeds], [by[methods[0]][s]["final_exact"] for s in seeds]
+            )
+            ci = "–" if m == methods[0] else f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
+            rows.append([f"{m} (lr {tuned[m]:g})", f"{np.mean([by[m][s]['final_exact'] for s in seeds]):.4f}", ci])
+        lines += [
+            f"{regime} ({', '.join(f'{k}={v}' for k, v in shape.items())}), seeds {seeds}:",
+            "",
+            *markdown_table(["method", "final exact", "vs GRPO (95% CI)"], rows),
+            "",
+        ]
     return "\n".join(lines).rstrip()
 
 
-# stage -> (what it runs after tuning, the file its report goes to); ``tune`` runs only the tuning
-STAGES = {
-    "primary": (primary, "report.md"),
-    "report": (primary, "report.md"),  # with jobs=0: from the cache only
-    "explore": (explore, "explore.md"),
-    "confirm": (confirm, "confirm.md"),
-    "long": (long_horizon, "long.md"),
-}
+def cold_start(study: Study, tuned: dict[str, float]) -> str:
+    """How much of a run each method spends as GRPO: steps in which every batch prompt is unseen."""
+    runs = _tuned_runs(study, tuned)
+    rows = []
+    for m in study.p.tuning["methods"]:
+        rs = [runs[(m, s)] for s in study.p.tuning["seeds"]]
+        steps = np.mean([r["steps_trained"] for r in rs])
+        cold = np.mean([r["all_unseen_steps"] for r in rs])
+        rows.append(
+            [
+                m,
+                f"{cold:.1f} of {steps:.0f}",
+                f"{cold / max(steps, 1):.2f}",
+                f"{np.mean([r['unseen_share'] for r in rs]):.2f}",
+            ]
+        )
+    head = ["method (tuned lr, tuning seeds)", "all-unseen steps", "share of the run", "mean unseen share of a batch"]
+    return "\n".join(
+        ["Cold start (every method is GRPO while all its batch is unseen):", "", *markdown_table(head, rows)]
+    )
+
+
+# ------------------------------------------------------------------------------------------ the report
+SECTIONS = (
+    ("tune", "Tuning"),
+    ("cold", "Cold start"),
+    ("primary", "Primary"),
+    ("explore", "Exploratory arms"),
+    ("confirm", "Confirmation"),
+    ("long", "Regimes"),
+)
+
+
+def report(study: Study) -> str:
+    """Every section from the stored runs only (a stage not run yet says so); nothing runs."""
+    quiet = Study(study.p, study.results, jobs=0, device=study.device, log=lambda *_: None)
+    parts = [
+        "# Tiny-LM study: report",
+        "",
+        f"Protocol `{Path(study.p.path).name}` ({study.p.data.get('name', '')}), SHA-256 `{study.p.hash}`. "
+        "Regenerate: `python -m recipe.gdro.experiments.study report` (reads only results/tiny_lm_study/runs/).",
+        "",
+    ]
+    try:
+        tuned, text = tune(quiet)
+    except MissingRuns as e:
+        return "\n".join([*parts, "## Tuning", "", f"Not run yet ({e}).", ""])
+    parts += ["## Tuning", "", text, ""]
+    stage_fns = {
+        "cold": cold_start,
+        "primary": primary,
+        "explore": explore,
+        "confirm": confirm,
+        "long": long_regimes,
+    }
+    for key, title in SECTIONS[1:]:
+        try:
+            body = stage_fns[key](quiet, tuned)
+        except MissingRuns as e:
+            body = f"Not run yet ({str(e).split(';')[0]})."
+        parts += [f"## {title}", "", body, ""]
+    return "\n".join(parts)
 
 
 def _write(path: Path, text: str) -> None:
-    """Replace ``path`` atomically: an interrupted stage leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_replace(path, "w") as f:
-        f.write(text + "\n")
+        f.write(text.rstrip("\n") + "\n")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m recipe.gdro.experiments.study",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("stage", choices=("tune", *STAGES))
-    p.add_argument("--out", required=True, help="study folder (run cache, tuned_lr.json, report.md)")
+    p.add_argument("stage", choices=STAGES)
+    p.add_argument("--protocol", default=str(TINY_LM_PROTOCOL), help="the protocol file (YAML)")
+    p.add_argument("--results", default=str(DEFAULT_RESULTS), help="runs/, spent_seeds.yaml and REPORT.md")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (recorded in each run's config)")
     args = p.parse_args(argv)
-    out = Path(args.out).expanduser()
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
-    if args.stage == "report" and not (out / "cache").is_dir():  # report reads the cache; it makes nothing
-        print(f"error: no run cache at {out / 'cache'}; run the primary stage first", file=sys.stderr)
+    if args.stage == "report" and not (Path(args.results) / "runs").is_dir():  # report reads; it makes nothing
+        print(f"error: no runs folder at {Path(args.results) / 'runs'}; run the tune stage first", file=sys.stderr)
         return 2
     try:
-        cache = RunCache(out / "cache")
-    except OSError as e:
-        print(f"error: cannot write to --out {out}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    jobs = 0 if args.stage == "report" else args.jobs
-    try:
-        tuned = tune(cache, jobs)
-        _write(out / "tuned_lr.json", json.dumps(tuned, indent=1))
-        if args.stage in STAGES:
-            stage, filename = STAGES[args.stage]
-            report = stage(cache, jobs, tuned)
-            print(report)
-            _write(out / filename, report)
-    except MissingRuns as e:
+        from recipe.gdro.experiments.direct import resolve_device
+
+        resolve_device(args.device)
+        protocol = load_protocol(args.protocol)
+        study = Study(protocol, Path(args.results), 0 if args.stage == "report" else args.jobs, args.device)
+        if args.stage != "report":
+            tuned, text = tune(study)
+            stage = {"tune": None, "primary": primary, "explore": explore, "confirm": confirm, "long": long_regimes}
+            fn = stage[args.stage]
+            print(text if fn is None else fn(study, tuned))
+        text = report(study)
+        _write(study.results / "REPORT.md", text)
+        if args.stage == "report":
+            print(text)
+    except (ProtocolError, MissingRuns, BudgetMismatch, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.strerror or e}: {getattr(e, 'filename', '')}", file=sys.stderr)
         return 2
     return 0
 
@@ -537,4 +646,4 @@ if __name__ == "__main__":
     from verl_ext.interrupt import run_main
 
     # stop the pool's workers at the signal: leaving its `with` otherwise waits for every queued run
-    run_main("study", main, detail="finished runs are in the cache", stop_children_at_signal=True)
+    run_main("study", main, detail="finished runs are in --results/runs/", stop_children_at_signal=True)

@@ -1,11 +1,14 @@
 """Sweeps on the SYNTHETIC learner: learning-rate tuning, the tuned headline, and the defaults study.
 
-    python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner shared] [--tune-seeds 3] [--workers 2]
-    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner shared] [--seeds 5] [--workers 2]
-        [--full]
+The plan (lr grid, tuning seeds, the defaults study's variants) is data: ``protocols/sim_sweep.yaml``,
+read when a sweep runs (:func:`load_plan`).
+
+    python -m recipe.gdro.experiments.sweep tune  [--scenarios ...] [--learner L] [--tune-seeds 3] [--workers W]
+    python -m recipe.gdro.experiments.sweep study [--scenarios ...] [--learner L] [--seeds 5] [--workers W]
+                                                  [--full]
     python -m recipe.gdro.experiments.sweep all   (tune, then study)
 
-``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × {LR_GRID} of the
+``tune`` runs every method (and the released-normalisation Prompt-GDRO) at lr × the plan's grid of the
 scenario's lr (GRPO also × 8, for the lr curve) on TUNING seeds 100, 101, ... and picks, per
 method, the multiplier with the best tuning metric (final held-out mean accuracy, mean over the
 tuning seeds). It writes ``recipe/gdro/sim/scenarios/tuned_lr.csv`` (read by ``simulate --tuned-lr``
@@ -39,128 +42,72 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from recipe.gdro.results.runner import choose_lr
+from recipe.gdro.results.stats import paired_ci
 from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
-from recipe.gdro.sim.methods import DEFAULT_METHODS, METHOD_PRESETS, TUNED_LR_COLUMNS, TUNED_LR_FILE, lookup_tuned_lr
+from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, check_method, default_methods, lookup_tuned_lr
 from recipe.gdro.sim.scenario import Scenario, load_scenario, shipped_scenarios
-from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, paired_ci, run_experiment
+from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, run_experiment
 
-LR_GRID = (0.25, 0.5, 1.0, 2.0, 4.0)
-GRPO_EXTRA = (8.0,)  # GRPO's curve only: shows where a too-large step collapses the learner
-TUNE_SEED0 = 100
-RELEASED_EDGES = [0.0, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0]
-
-P_OFF = {"enable": False}
-R_OFF = {"enable": False}
+SWEEP_PLAN = Path(__file__).resolve().parent / "protocols" / "sim_sweep.yaml"
 
 
-def _prompt(**kw: Any) -> dict[str, Any]:
-    binner = kw.pop("binner", None)
-    d: dict[str, Any] = {"prompt": {"enable": True, **kw}, "rollout": dict(R_OFF)}
-    if binner:
-        d["binner"] = binner
-    return d
+@dataclass(frozen=True)
+class SweepPlan:
+    """The sweep's plan, read from ``protocols/sim_sweep.yaml`` (its comments say what each key is)."""
+
+    lr_grid: tuple[float, ...]
+    grpo_extra: tuple[float, ...]
+    tune_seed0: int
+    extra_tuned: tuple[str, ...]
+    defaults: tuple[tuple[str, str, str, str], ...]  # (question, variant, lr_of, label)
+    defaults_full: tuple[tuple[str, str, str, str], ...]
+    question_default: dict[str, tuple[str, str]]
+    allocator_rows: tuple[tuple[str, str], ...]
+
+    def tune_methods(self) -> list[str]:
+        """Tuned methods: the simulator's default comparison and the plan's extras."""
+        return [*default_methods(), *self.extra_tuned]
+
+    def lr_curve_columns(self) -> tuple[str, ...]:
+        return ("scenario", "method", *(f"lr ×{g:g}" for g in self.lr_grid + self.grpo_extra), "best")
 
 
-def _rollout(allocator: str = "sqrt", binner: Optional[dict] = None, **kw: Any) -> dict[str, Any]:
-    d: dict[str, Any] = {"prompt": dict(P_OFF), "rollout": {"enable": True, "allocator": allocator, **kw}}
-    if binner:
-        d["binner"] = binner
-    return d
+def load_plan(path: str | os.PathLike = SWEEP_PLAN) -> SweepPlan:
+    """Read and check the sweep's plan: every method and variant must be a registry method."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        d = yaml.safe_load(f)
+    rows = lambda key: tuple((r["question"], r["variant"], r["lr_of"], r["label"]) for r in d.get(key, []))  # noqa: E731
+    plan = SweepPlan(
+        lr_grid=tuple(float(g) for g in d["lr_grid"]),
+        grpo_extra=tuple(float(g) for g in d.get("grpo_extra", [])),
+        tune_seed0=int(d["tune_seed0"]),
+        extra_tuned=tuple(d.get("extra_tuned", [])),
+        defaults=rows("defaults"),
+        defaults_full=rows("defaults_full"),
+        question_default={q: (m, label) for q, (m, label) in d["question_default"].items()},
+        allocator_rows=tuple((m, label) for m, label in d["allocator_rows"]),
+    )
+    for spec in [*plan.extra_tuned, *(v for r in plan.defaults + plan.defaults_full for v in r[1:3])]:
+        try:
+            check_method(spec)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+    return plan
 
 
-# Tuned methods: the six presets and Prompt-GDRO with the released normalisation.
-TUNE_PRESETS: dict[str, dict[str, Any]] = {
-    **{m: METHOD_PRESETS[m] for m in DEFAULT_METHODS},
-    "prompt_gdro-normalize_all_responses": _prompt(normalize="all_responses"),
-}
+def tune_methods() -> list[str]:
+    return load_plan().tune_methods()
 
-# Defaults study: (question, variant name, preset, the tuned method whose lr it uses, label).
-DEFAULTS_VARIANTS: list[tuple[str, str, dict[str, Any], str, str]] = [
-    (
-        "Prompt-GDRO loss signal",
-        "prompt_gdro-failure_rate",
-        _prompt(loss_signal="failure_rate"),
-        "prompt_gdro",
-        "failure_rate",
-    ),
-    (
-        "Prompt-GDRO normalisation",
-        "prompt_gdro-normalize_all_responses",
-        TUNE_PRESETS["prompt_gdro-normalize_all_responses"],
-        "prompt_gdro-normalize_all_responses",
-        "all_responses (released; own tuned lr)",
-    ),
-    ("Prompt-GDRO lagged weights", "prompt_gdro-lagged", _prompt(lagged=True), "prompt_gdro", "lagged=true"),
-    (
-        "Bins (Prompt-GDRO)",
-        "prompt_gdro-released_edges",
-        _prompt(binner={"bin_edges": RELEASED_EDGES}),
-        "prompt_gdro",
-        "released edges [0,.1,.2,.4,.6,.8,.9,1] (7 bins)",
-    ),
-    (
-        "Rollout-GDRO variance source",
-        "rollout_gdro_sqrt-variance_prompt",
-        _rollout(variance_source="prompt"),
-        "rollout_gdro_sqrt",
-        "variance_source=prompt",
-    ),
-    (
-        "Bins (Rollout-GDRO sqrt)",
-        "rollout_gdro_sqrt-released_edges",
-        _rollout(binner={"bin_edges": RELEASED_EDGES}),
-        "rollout_gdro_sqrt",
-        "released edges (7 bins)",
-    ),
-    (
-        "Joint-mode coupling",
-        "joint-divide_by_allocation",
-        {"prompt": {"enable": True, "rollout_coupling": "divide_by_allocation"}, "rollout": {"enable": True}},
-        "joint",
-        "divide_by_allocation",
-    ),
-]
-# Further variants, run only with ``study --full`` (left out of the timed evidence run).
-DEFAULTS_EXTRA: list[tuple[str, str, dict[str, Any], str, str]] = [
-    (
-        "Prompt-GDRO loss signal",
-        "prompt_gdro-mean_abs_advantage",
-        _prompt(loss_signal="mean_abs_advantage"),
-        "prompt_gdro",
-        "mean_abs_advantage",
-    ),
-    ("Bins (Prompt-GDRO)", "prompt_gdro-bins6", _prompt(binner={"num_bins": 6}), "prompt_gdro", "K = 6 equal-width"),
-    (
-        "Bins (Rollout-GDRO sqrt)",
-        "rollout_gdro_sqrt-bins6",
-        _rollout(binner={"num_bins": 6}),
-        "rollout_gdro_sqrt",
-        "K = 6 equal-width",
-    ),
-]
-# The reference row of each question: the current verl_ext default (a headline method).
-QUESTION_DEFAULT = {
-    "Prompt-GDRO loss signal": ("prompt_gdro", "learnability [default]"),
-    "Prompt-GDRO normalisation": ("prompt_gdro", "advantage_mass [default]"),
-    "Prompt-GDRO lagged weights": ("prompt_gdro", "lagged=false [default]"),
-    "Bins (Prompt-GDRO)": ("prompt_gdro", "K = 10 equal-width [default]"),
-    "Rollout-GDRO allocator": ("rollout_gdro_sqrt", "sqrt [default]"),
-    "Rollout-GDRO variance source": ("rollout_gdro_sqrt", "variance_source=bin [default]"),
-    "Bins (Rollout-GDRO sqrt)": ("rollout_gdro_sqrt", "K = 10 equal-width [default]"),
-    "Joint-mode coupling": ("joint", "none [default]"),
-}
-ALLOCATOR_ROWS = [
-    ("rollout_gdro_bandit", "bandit"),
-    ("rollout_gdro_knapsack", "knapsack"),
-    ("grpo", "uniform (= GRPO)"),
-]
 
-LR_CURVE_COLUMNS = ("scenario", "method", *(f"lr ×{g:g}" for g in LR_GRID + GRPO_EXTRA), "best")
 COMPARE_COLUMNS = (
     "scenario", "method", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)", "Δ mean (pts, 95% CI)",
     "Δ worst-skill (pts, 95% CI)", "SE red. (%)", "var. red. (%)", "efficiency (%)", "adv. mass ratio",
@@ -169,9 +116,11 @@ DEFAULTS_COLUMNS = (
     "question", "variant", "scenario", "lr (× base)", "mean acc. (%)", "worst-skill acc. (%)",
     "Δ mean vs default (pts, 95% CI)", "Δ worst-skill vs default (pts, 95% CI)", "SE red. (%)", "efficiency (%)",
 )  # fmt: skip
-LR_CURVE_HEADER, COMPARE_HEADER, DEFAULTS_HEADER = map(
-    markdown_row, (LR_CURVE_COLUMNS, COMPARE_COLUMNS, DEFAULTS_COLUMNS)
-)
+COMPARE_HEADER, DEFAULTS_HEADER = map(markdown_row, (COMPARE_COLUMNS, DEFAULTS_COLUMNS))
+
+
+def lr_curve_header() -> str:
+    return markdown_row(load_plan().lr_curve_columns())
 
 
 @dataclass(frozen=True)
@@ -213,27 +162,36 @@ def _delta(e: Mapping[str, Any], ref: Mapping[str, Any], key: str) -> str:
 
 
 # ------------------------------------------------------------------------------------ tuning
-def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TUNED_LR_FILE) -> str:
+def tune(
+    scenarios: Sequence[str],
+    spec: RunSpec,
+    out: str,
+    table_path: str = TUNED_LR_FILE,
+    plan: Optional[SweepPlan] = None,
+) -> str:
     """Run the lr grid on the tuning seeds ``spec.seeds``; (re)write the rows of these scenarios and
     ``spec.learner`` in the tuned-lr table."""
+    plan = plan or load_plan()
+    LR_GRID, GRPO_EXTRA = plan.lr_grid, plan.grpo_extra  # noqa: N806
     os.makedirs(out, exist_ok=True)
     learner, seeds, steps = spec.learner, list(spec.seeds), spec.steps
     rows: list[dict[str, Any]] = []
     curve_rows: list[list[Any]] = []
     for name in scenarios:
         sc = load_scenario(name)
-        grid_runs: dict[str, dict[float, float]] = {m: {} for m in TUNE_PRESETS}
+        tuned_methods = plan.tune_methods()
+        grid_runs: dict[str, dict[float, float]] = {m: {} for m in tuned_methods}
         scales = sorted(set(LR_GRID + GRPO_EXTRA))
         for g in scales:
-            methods = [m for m in TUNE_PRESETS if g in LR_GRID or m == "grpo"]
+            methods = [m for m in tuned_methods if g in LR_GRID or m == "grpo"]
             names = [f"{m}@{g:g}" for m in methods]
-            presets = {f"{m}@{g:g}": TUNE_PRESETS[m] for m in methods}
-            res = spec.run(sc, out, names, presets=presets, lr_scales={n: g for n in names})
+            variants = {f"{m}@{g:g}": m for m in methods}
+            res = spec.run(sc, out, names, variants=variants, lr_scales={n: g for n in names})
             for m, n in zip(methods, names, strict=True):
                 grid_runs[m][g] = float(res["methods"][n]["mean_accuracy"])
         for m, by in grid_runs.items():
             in_grid = {g: v for g, v in by.items() if g in LR_GRID}
-            best = max(in_grid, key=lambda g: (in_grid[g], -abs(np.log(g))))  # ties: the scale closest to 1
+            best = choose_lr({g: [v] for g, v in in_grid.items()}, prefer="nearest_one")
             rows.append(
                 {
                     "scenario": sc.name,
@@ -261,16 +219,18 @@ def tune(scenarios: Sequence[str], spec: RunSpec, out: str, table_path: str = TU
         w.writeheader()
         for r in keep + rows:
             w.writerow(r)
-    text = "\n".join(markdown_table(LR_CURVE_COLUMNS, curve_rows))
+    text = "\n".join(markdown_table(plan.lr_curve_columns(), curve_rows))
     with open(os.path.join(out, "lr_curve.md"), "w", encoding="utf-8") as f:
         f.write(text + "\n")
-    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"))
+    plot_lr_curves(rows, os.path.join(out, "lr_curve.png"), plan)
     return text
 
 
-def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
+def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str, plan: Optional[SweepPlan] = None) -> str:
     """One panel per scenario: the tuning metric against the lr multiplier, one line per method."""
     from recipe.gdro.results.plot import SYNTH_TAG, log_axis, pyplot, save_figure
+
+    plan = plan or load_plan()
 
     plt = pyplot()
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
@@ -281,7 +241,7 @@ def plot_lr_curves(rows: Sequence[Mapping[str, Any]], path: str) -> str:
             xs, ys = zip(*pts, strict=True)
             ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, color=f"C{i}", label=r["method"], lw=1.3)
         log_axis(ax, "x")
-        ax.set_xticks(sorted(set(LR_GRID + GRPO_EXTRA)))  # label exactly the grid points
+        ax.set_xticks(sorted(set(plan.lr_grid + plan.grpo_extra)))  # label exactly the grid points
         ax.set_xlabel("lr multiplier (× scenario lr)")
         ax.set_ylabel("final held-out mean accuracy (%)")
         ax.set_title(sname, fontsize=9)
@@ -352,11 +312,13 @@ def study(
     table_path: str = TUNED_LR_FILE,
     command: str = "",
     full: bool = False,
+    plan: Optional[SweepPlan] = None,
 ) -> str:
     """Headline, equal-mass and defaults tables over the evaluation seeds ``spec.seeds``, each
     method at its tuned lr from ``table_path``."""
     os.makedirs(out, exist_ok=True)
-    variants = DEFAULTS_VARIANTS + (DEFAULTS_EXTRA if full else [])
+    plan = plan or load_plan()
+    variants = plan.defaults + (plan.defaults_full if full else ())
     learner, seeds = spec.learner, list(spec.seeds)
     head: list[list] = []  # rows of the headline, equal-mass and defaults tables
     eq: list[list] = []
@@ -367,47 +329,44 @@ def study(
     summary: dict[str, Any] = {}
     for name in scenarios:
         sc = load_scenario(name)
-        tuned = lookup_tuned_lr(sc.name, learner, list(TUNE_PRESETS), table_path)
-        lr_note = "each method at its own tuned lr (× base): " + ", ".join(
-            f"{m} ×{tuned[m]:g}" for m in DEFAULT_METHODS
-        )
+        methods = default_methods()
+        tuned = lookup_tuned_lr(sc.name, learner, plan.tune_methods(), table_path)
+        lr_note = "each method at its own tuned lr (× base): " + ", ".join(f"{m} ×{tuned[m]:g}" for m in methods)
         headline = spec.run(
             sc,
             os.path.join(out, sc.name),
-            DEFAULT_METHODS,
+            methods,
             lr_scales=tuned,
             write_files=True,
             lr_note=lr_note,
             title=f"GDRO simulator, tuned learning rates — synthetic learner — scenario `{sc.name}`",
         )
         ref = headline["methods"]["grpo"]
-        head += _compare_rows(sc.name, headline, ref, DEFAULT_METHODS)
-        outcome_head += _outcomes(sc.name, headline, ref, DEFAULT_METHODS, "tuned GRPO")
+        head += _compare_rows(sc.name, headline, ref, methods)
+        outcome_head += _outcomes(sc.name, headline, ref, methods, "tuned GRPO")
 
         # Equal advantage mass and the defaults study: one batch of runs (no files, no plots).
-        presets: dict[str, dict[str, Any]] = {}
+        specs: dict[str, str] = {}
         scales: dict[str, float] = {}
-        eq_names = [f"eqmass-{m}" for m in DEFAULT_METHODS if m != "grpo"]
-        for m in DEFAULT_METHODS:
+        eq_names = [f"eqmass-{m}" for m in methods if m != "grpo"]
+        for m in methods:
             if m == "grpo":
                 continue
-            p = json.loads(json.dumps(METHOD_PRESETS[m]))
-            p["prompt"]["normalize"] = "advantage_mass"
-            presets[f"eqmass-{m}"] = p
+            specs[f"eqmass-{m}"] = f"{m}:prompt.normalize=advantage_mass"
             scales[f"eqmass-{m}"] = tuned["grpo"]
-        for _, vname, preset, lr_of, _ in variants:
-            presets[vname] = preset
-            scales[vname] = tuned[lr_of]
-        extra = spec.run(sc, os.path.join(out, sc.name), list(presets), presets=presets, lr_scales=scales)
+        for _, vspec, lr_of, _ in variants:
+            specs[vspec] = vspec
+            scales[vspec] = tuned[lr_of]
+        extra = spec.run(sc, os.path.join(out, sc.name), list(specs), variants=specs, lr_scales=scales)
         both = {"seeds": seeds, "methods": {**headline["methods"], **extra["methods"]}}
         eq += _compare_rows(sc.name, both, ref, ["grpo"] + eq_names)
         outcome_eq += _outcomes(sc.name, both, ref, eq_names, "tuned GRPO")
-        for q, (ref_m, ref_label) in QUESTION_DEFAULT.items():
+        for q, (ref_m, ref_label) in plan.question_default.items():
             r = both["methods"][ref_m]
             rows = [(ref_label, ref_m)]
             if q == "Rollout-GDRO allocator":
-                rows += [(label, m) for m, label in ALLOCATOR_ROWS]
-            rows += [(label, v) for qq, v, _, _, label in variants if qq == q]
+                rows += [(label, m) for m, label in plan.allocator_rows]
+            rows += [(label, v) for qq, v, _, label in variants if qq == q]
             for label, v in rows:
                 e = both["methods"][v]
                 dft.append(
@@ -444,7 +403,7 @@ def study(
             f.write(text + "\n")
     with open(table_path, encoding="utf-8", newline="") as f:
         tuned_rows = [r for r in csv.DictReader(f) if r["learner"] == learner and r["scenario"] in summary]
-    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"))
+    plot_lr_curves(tuned_rows, os.path.join(out, "lr_curve.png"), plan)
     lr_curve = ""
     if os.path.exists(os.path.join(out, "lr_curve.md")):
         with open(os.path.join(out, "lr_curve.md"), encoding="utf-8") as f:
@@ -455,9 +414,10 @@ def study(
         f"> **{SYNTHETIC_NOTE}**",
         "",
         f"Reproduce: `{command}` ({runtime:.0f} s of simulation for the study; tuning separately).",
-        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {TUNE_SEED0}..",
+        f"Evaluation seeds {seeds[0]}..{seeds[-1]} (n = {len(seeds)}); lr tuned on seeds {plan.tune_seed0}..",
         "(different datasets,"
-        f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in LR_GRID)}}} by final held-out mean accuracy.",
+        f"batches and draws) over lr × {{{', '.join(f'{g:g}' for g in plan.lr_grid)}}} "
+        "by final held-out mean accuracy.",
         "Δ = paired per-seed difference (same seed = same dataset, batches, reward and noise draws),",
         "mean and 95% t interval; ↑ / ↓ = the interval lies above / below 0.",
         "SE figures: true per-prompt variances, steady-state window (second epoch on).",
@@ -516,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     p.add_argument("--learner", default=DEFAULT_LEARNER, choices=list(LEARNERS))
     p.add_argument("--seeds", type=int, default=5, help="evaluation seeds 0..N-1 (study)")
-    p.add_argument("--tune-seeds", type=int, default=3, help=f"tuning seeds {TUNE_SEED0}..{TUNE_SEED0}+N-1")
+    p.add_argument("--tune-seeds", type=int, default=3, help="tuning seeds from the plan's tune_seed0 (100): N of them")
     p.add_argument("--steps", type=int, default=None, help="steps (default: each scenario's)")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--table", default=TUNED_LR_FILE, help="tuned-lr table to write (tune) / read (study)")
@@ -539,7 +499,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
     shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
     if args.what in ("tune", "all"):
-        tune_seeds = range(TUNE_SEED0, TUNE_SEED0 + args.tune_seeds)
+        seed0 = load_plan().tune_seed0
+        tune_seeds = range(seed0, seed0 + args.tune_seeds)
         print(tune(args.scenarios, RunSpec(seeds=list(tune_seeds), **shared), args.out, args.table))
     if args.what in ("study", "all"):
         spec = RunSpec(seeds=list(range(args.seeds)), **shared)

@@ -1,4 +1,5 @@
 """Results and statistics: the metrics file (``metrics_io``), Table-1 rows (``table``), plots
-(``plot``), and the studies' statistics and run cache (``stats``: Holm, paired tests, equal budgets).
+(``plot``), the studies' statistics and run cache (``stats``: Holm, paired tests, power, equal budgets)
+and their one runner (``runner``: cache plus process pool, the lr choice).
 
 Imports only ``verl_ext`` and plotting/statistics libraries; every other part may import it."""

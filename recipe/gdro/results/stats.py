@@ -10,6 +10,10 @@ A comparison is only as good as the rules around it:
 * **Holm (1979).** Sort the m p-values ascending, p_(1) ≤ ... ≤ p_(m); reject H_(i) while
   p_(i) ≤ α / (m - i + 1); the adjusted p-value is max_{j ≤ i} min(1, (m - j + 1) p_(j)). It
   controls the family-wise error rate at α under any dependence between the tests.
+* **Paired tests.** :func:`paired_t_pvalue` and :func:`paired_ci` are scipy's ``ttest_rel``; a
+  family of comparisons is planned by :func:`plan_seeds` (power after Holm) before it is run.
+* **Censoring.** A budget-to-target of a run that never reaches the target is censored at its
+  total budget (:func:`censored_budgets`), never dropped.
 * **Equal budgets.** Two methods are compared at equal generated tokens or at equal rollouts;
   :func:`check_equal_budgets` refuses a comparison whose budgets differ beyond a tolerance, naming
   the method and both totals.
@@ -74,18 +78,153 @@ def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmRes
 
 
 def paired_t_pvalue(differences: Sequence[float]) -> float:
-    """Two-sided p-value of the paired t-test that the mean per-seed difference is 0 (NaN for
-    fewer than two seeds; 1.0 when every difference is exactly 0, and 0.0 when they are all the
-    same non-zero value: no variance, no doubt)."""
-    from scipy import stats
+    """Two-sided p-value of the paired t-test that the mean per-seed difference is 0
+    (``scipy.stats.ttest_rel`` against zeros; NaN seeds are dropped).
 
+    NaN when the test cannot answer: fewer than two seeds, or every difference the same non-zero
+    value (no variance: t is undefined, and "no variance, no doubt" would let Holm reject on a tie
+    that worst-skill accuracy, in steps of 1/60, makes likely by chance). 1.0 when every difference
+    is exactly 0 (the runs agree). Holm counts a NaN in the family and never rejects it.
+    """
     d = np.asarray(differences, dtype=np.float64)
     d = d[~np.isnan(d)]
     if d.size < 2:
         return float("nan")
     if np.all(d == d[0]):
-        return 1.0 if d[0] == 0 else 0.0
-    return float(stats.ttest_1samp(d, 0.0).pvalue)
+        return 1.0 if d[0] == 0 else float("nan")
+    return float(_ttest(d).pvalue)
+
+
+def _ttest(d: np.ndarray):
+    from scipy import stats
+
+    return stats.ttest_rel(d, np.zeros_like(d))
+
+
+def paired_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean of the per-seed differences a - b and its t interval: (mean, lo, hi, n).
+
+    ``scipy.stats.ttest_rel(a, b).confidence_interval()``. Seeds are paired: the same seed gives both
+    runs the same data, batches and draws. With one seed, or no variance, the interval is (nan, nan).
+    """
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    n = len(d)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    mean = float(d.mean())
+    if n < 2 or np.all(d == d[0]):
+        return mean, float("nan"), float("nan"), n
+    ci = _ttest(d).confidence_interval(confidence)
+    return mean, float(ci.low), float(ci.high), n
+
+
+# ---------------------------------------------------------------------------------------- power
+def paired_t_power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` with ``n`` seeds when the per-seed
+    differences are N(effect, sd²): P(|T| > t_{1-alpha/2, n-1}), T noncentral t with n - 1 df and
+    noncentrality effect·√n / sd."""
+    from scipy import stats
+
+    if n < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0 if effect != 0 else alpha
+    df = n - 1
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    ncp = abs(effect) * math.sqrt(n) / sd
+    lower = float(stats.nct.cdf(-crit, df, ncp))  # the wrong-sign tail: ~0, and NaN in scipy when tiny
+    return float(stats.nct.sf(crit, df, ncp)) + (lower if math.isfinite(lower) else 0.0)
+
+
+@dataclass(frozen=True)
+class PowerPlan:
+    """The declared design: seeds, the effect they are powered for, and the minimum detectable effect."""
+
+    n_seeds: int
+    effect: float  # the effect the design must detect: max(floor, fraction x GRPO's gain)
+    sd: float  # per-seed SD of the paired differences (largest over the family), from tuning seeds
+    family_size: int
+    alpha: float
+    power: float  # achieved power at ``effect`` with ``n_seeds``
+    mde: float  # the smallest effect with the target power at ``n_seeds``
+    capped: bool  # True when ``max_seeds`` was reached before the target power
+
+
+def plan_seeds(
+    sd: float,
+    grpo_gain: float,
+    family_size: int,
+    *,
+    alpha: float = 0.05,
+    target_power: float = 0.8,
+    floor: float = 0.01,
+    fraction: float = 0.25,
+    max_seeds: int = 64,
+) -> PowerPlan:
+    """Evaluation seeds so that each comparison of the primary family has ``target_power`` after Holm
+    for an effect of max(``floor``, ``fraction`` × ``grpo_gain``).
+
+    Holm rejects a hypothesis whose effect is alone in its family exactly when its p-value is below
+    alpha / m (its first step); so the per-comparison test is the paired t at level alpha / m, whose
+    power is :func:`paired_t_power`. (When several comparisons carry effects Holm's later steps are
+    laxer, so this is the conservative case.) The minimum detectable effect (MDE) at the chosen n
+    is the effect with exactly ``target_power``.
+    """
+    from scipy.optimize import brentq
+
+    if not (sd >= 0 and math.isfinite(sd)):
+        raise ValueError(f"sd={sd}: must be a finite number >= 0 (the per-seed SD of the paired differences)")
+    if family_size < 1:
+        raise ValueError(f"family_size={family_size}: must be >= 1")
+    level = alpha / family_size
+    effect = max(floor, fraction * abs(grpo_gain))
+    n = 2
+    while paired_t_power(effect, sd, n, level) < target_power and n < max_seeds:
+        n += 1
+    power = paired_t_power(effect, sd, n, level)
+    if sd == 0:
+        mde = 0.0
+    else:
+        hi = sd
+        while paired_t_power(hi, sd, n, level) < target_power:
+            hi *= 2
+        mde = float(brentq(lambda e: paired_t_power(e, sd, n, level) - target_power, 0.0, hi, xtol=1e-9))
+    return PowerPlan(n, effect, float(sd), family_size, alpha, power, mde, capped=power < target_power)
+
+
+# ------------------------------------------------------------------------------------ censoring
+@dataclass(frozen=True)
+class CensoredSummary:
+    """Budget-to-target over seeds, censored runs kept: ``reached`` of ``n`` reached the target; the
+    Kaplan-Meier median (inf when fewer than half reached it, i.e. "beyond the budget")."""
+
+    n: int
+    reached: int
+    km_median: float
+    budgets: tuple[float, ...]  # each seed's budget-to-target, or its total budget if censored
+    censored: tuple[bool, ...]
+
+
+def censored_budgets(times: Sequence[float], totals: Sequence[float]) -> CensoredSummary:
+    """Summarise per-seed budgets-to-target where ``inf`` (never reached) is right-censored at the
+    run's total budget (:func:`budget_to_reach` gives inf); no seed is dropped.
+
+    Kaplan-Meier (1958): S(t) = Π_{t_i <= t} (1 - d_i / r_i) over event times t_i, with d_i events and
+    r_i seeds still at risk; the median is the first t with S(t) <= 0.5.
+    """
+    t = np.asarray(times, dtype=np.float64)
+    tot = np.asarray(totals, dtype=np.float64)
+    cens = ~np.isfinite(t)
+    obs = np.where(cens, tot, t)
+    surv, median = 1.0, float("inf")
+    for u in np.unique(obs[~cens]):
+        at_risk = int(np.sum(obs >= u))
+        events = int(np.sum((obs == u) & ~cens))
+        surv *= 1 - events / at_risk
+        if surv <= 0.5:
+            median = float(u)
+            break
+    return CensoredSummary(len(t), int((~cens).sum()), median, tuple(map(float, obs)), tuple(map(bool, cens)))
 
 
 # ---------------------------------------------------------------------------------- comparisons

@@ -1,60 +1,52 @@
-"""The methods the simulator compares, as verl_ext ``gdro:`` config presets.
+"""The methods the simulator compares: the recipe's methods, read from ``config/method/*.yaml``.
 
-Every method runs at the same budget: Σ_i n(x_i) = B · n̄ rollouts every step. A method is a
-preset of the controller config; the scenario's ``gdro:`` overrides and the command line's
-``--set`` overrides are merged underneath it (the preset wins only on what defines the method:
-which adversaries are on and, for the ``rollout_gdro_*`` methods, the allocator).
+Every method runs at the same budget: Σ_i n(x_i) = B · n̄ rollouts every step. A method is a name
+of the registry (:mod:`recipe.gdro.config.registry`: ``grpo``, ``prompt_gdro``, ``rollout_gdro``,
+``joint_gdro``, the same files ``method=<name>`` selects for a GPU run), or a variant of one,
+``NAME:KEY=VALUE[:KEY=VALUE...]`` (e.g. ``rollout_gdro:rollout.allocator=bandit``,
+``joint_gdro:rollout.budget=tokens``): the method's file, then the scenario's ``gdro:`` settings,
+then the command line's ``--set``, then the variant's own overrides; the method's enable flags
+always win (they are what defines it).
 
-=========================  ======================================================================
-``grpo``                   plain GRPO: uniform n̄ rollouts, all advantage multipliers 1
-``prompt_gdro``            Prompt-GDRO (advantage reweighting), uniform rollouts
-``rollout_gdro_sqrt``      Rollout-GDRO with the shadow-price square-root law
-``rollout_gdro_bandit``    Rollout-GDRO with the per-bin Hedge allocator (``hedge``, once ``bandit``) + DP
-``rollout_gdro_knapsack``  Rollout-GDRO with Knapsack-RL's value rule
-``joint``                  both adversaries (allocator and coupling from the config: verl_ext
-                           defaults unless overridden)
-``rollout_gdro_sqrt_tok``  ``rollout_gdro_sqrt`` with ``rollout.budget=tokens`` (expected tokens
-                           <= uniform's); not in the default set
-``joint_tok``              ``joint`` with ``rollout.budget=tokens``; not in the default set
-=========================  ======================================================================
-
-The ``*_tok`` presets pin ``budget=tokens``; the others take ``rollout.budget`` from the config
-(``--set rollout.budget=...``), so ``rollout_gdro_sqrt`` next to ``rollout_gdro_sqrt_tok`` compares
-the two budgets at the default (``rollouts``).
+=============================================  ==========================================================
+``grpo``                                       plain GRPO: uniform n̄ rollouts, all advantage multipliers 1
+``prompt_gdro``                                Prompt-GDRO (advantage reweighting), uniform rollouts,
+                                               binner hysteresis 0.03
+``rollout_gdro``                               Rollout-GDRO (verl_ext's default allocator, ``sqrt``)
+``rollout_gdro:rollout.allocator=bandit``      the per-bin Hedge allocator + DP (also ``knapsack``,
+                                               ``discovery``)
+``joint_gdro``                                 both adversaries, hysteresis 0.03
+``…:rollout.budget=tokens``                    the token budget (expected tokens <= uniform's)
+=============================================  ==========================================================
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import Any, Mapping
 
-METHOD_PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": {"prompt": {"enable": False}, "rollout": {"enable": False}},
-    "prompt_gdro": {"prompt": {"enable": True}, "rollout": {"enable": False}},
-    "rollout_gdro_sqrt": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "sqrt"}},
-    "rollout_gdro_bandit": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "bandit"}},
-    "rollout_gdro_knapsack": {"prompt": {"enable": False}, "rollout": {"enable": True, "allocator": "knapsack"}},
-    "joint": {"prompt": {"enable": True}, "rollout": {"enable": True}},
-}
-DEFAULT_METHODS = list(METHOD_PRESETS)
-# Token-budget variants (budget=tokens), for the budget comparison; not part of the default set.
-METHOD_PRESETS["rollout_gdro_sqrt_tok"] = {
-    "prompt": {"enable": False},
-    "rollout": {"enable": True, "allocator": "sqrt", "budget": "tokens"},
-}
-METHOD_PRESETS["joint_tok"] = {"prompt": {"enable": True}, "rollout": {"enable": True, "budget": "tokens"}}
+from recipe.gdro.config.registry import method_config, method_names, parse_method, parse_overrides
+
+# The simulator's default comparison: the four registered methods and Rollout-GDRO's other allocators.
+ALLOCATOR_VARIANTS = ("rollout_gdro:rollout.allocator=bandit", "rollout_gdro:rollout.allocator=knapsack")
 
 
-def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """Recursive dict merge; ``top`` wins."""
-    out = copy.deepcopy(dict(base))
-    for k, v in top.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
+def default_methods() -> list[str]:
+    """The registered methods, then Rollout-GDRO's allocator variants (read from the registry on call)."""
+    names = list(method_names())
+    return names[:3] + list(ALLOCATOR_VARIANTS) + names[3:]
+
+
+def check_method(spec: str) -> str:
+    """``spec`` if it names a registered method or a valid variant of one, else ValueError naming it."""
+    parse_method(spec)
+    return spec
+
+
+def file_label(spec: str) -> str:
+    """A method spec as a file-name part: ``rollout_gdro:rollout.allocator=bandit`` ->
+    ``rollout_gdro__rollout.allocator-bandit`` (no ``:``, which a Markdown link reads as a URL scheme)."""
+    return spec.replace(":", "__").replace("=", "-").replace("/", "-")
 
 
 def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
@@ -63,26 +55,14 @@ def parse_set_overrides(items: list[str] | None) -> dict[str, Any]:
     Parsed by ``OmegaConf.from_dotlist`` (values as YAML: numbers, booleans, lists) and merged in
     order, so a later ``--set`` of the same key wins. A leading ``gdro.`` is accepted.
     """
-    from omegaconf import OmegaConf
-
-    merged = OmegaConf.create({})
     for item in items or []:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. prompt.loss_signal=failure_rate")
-        key = item.split("=", 1)[0].strip()
+        key = item.split("=", 1)[0].strip().removeprefix("gdro.")
         parts = [p for p in key.split(".") if p]
-        if parts and parts[0] == "gdro":
-            parts = parts[1:]
-            item = item.split("=", 1)[0].strip()[len("gdro.") :] + "=" + item.split("=", 1)[1]
-        if len(parts) < 2 or parts[0] not in ("binner", "prompt", "rollout"):
+        if "=" in item and (len(parts) < 2 or parts[0] not in ("binner", "prompt", "rollout")):
             raise ValueError(f"--set {item!r}: KEY must be binner.*, prompt.* or rollout.* (a verl_ext gdro key)")
         if tuple(parts) in (("prompt", "enable"), ("rollout", "enable")):
             raise ValueError(f"--set {item!r}: the enable flags are set by the method")
-        try:
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
-        except Exception as exc:  # omegaconf grammar errors
-            raise ValueError(f"--set {item!r}: cannot parse the value: {exc}") from None
-    return OmegaConf.to_container(merged, resolve=True)  # type: ignore[return-value]
+    return parse_overrides(items, what="--set")
 
 
 # The lr table written by ``python -m recipe.gdro.experiments.sweep tune`` and read by ``simulate --tuned-lr``.
@@ -119,18 +99,12 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
     return {m: table[(scenario, learner, m)] for m in methods}
 
 
-def build_gdro_dict(
-    scenario: Any, method: str | Mapping[str, Any], overrides: Mapping[str, Any], seed: int
-) -> dict[str, Any]:
-    """The verl_ext ``gdro:`` mapping for one method of one run.
-
-    ``method`` is a preset name or an explicit preset mapping (used by the defaults sweep).
-    """
-    preset = METHOD_PRESETS[method] if isinstance(method, str) else dict(method)
-    d = deep_merge(scenario.gdro or {}, overrides or {})
-    d = deep_merge(d, {"rollout": {"n_mean": scenario.n_mean, "seed": int(seed)}})
+def build_gdro_dict(scenario: Any, method: str, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """The verl_ext ``gdro:`` mapping for one method (a registry name or variant) of one run."""
+    budget = {"rollout": {"n_mean": scenario.n_mean, "seed": int(seed)}}
+    d = method_config(method, scenario.gdro or {}, overrides or {}, budget)
     # n_mean must stay within [n_min, n_max] even if the scenario's budget differs from the defaults.
     r = d["rollout"]
     r.setdefault("n_min", min(2, scenario.n_mean))
     r.setdefault("n_max", max(12, 3 * scenario.n_mean))
-    return deep_merge(d, preset)
+    return d

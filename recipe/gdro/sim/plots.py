@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from recipe.gdro.results import plot as run_plots
+from recipe.gdro.sim.methods import file_label
 
 
 def _curve(entry: Mapping[str, Any], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +138,7 @@ def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
         k = len(paths)
         seeds_txt = f"mean of {k} seed{'s' if k > 1 else ''}"
         title = f"{run_plots.SYNTH_TAG} {res['scenario']['name']} / {name} ({seeds_txt}; synthetic, not LLM evidence)"
-        files += run_plots.plot_gdro_run(series, out_dir, title=title, prefix=name)
+        files += run_plots.plot_gdro_run(series, out_dir, title=title, prefix=file_label(name))
     return files
 
 

@@ -440,7 +440,7 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
     from verl_ext import GDROConfigError, gdro_config_from_dict
 
     try:
-        gdro_config_from_dict(build_gdro_dict(sc, "joint", {}, seed=0))
+        gdro_config_from_dict(build_gdro_dict(sc, "joint_gdro", {}, seed=0))
     except GDROConfigError as exc:
         raise ScenarioError(f"scenario {source!r}: {exc}") from None
     return sc

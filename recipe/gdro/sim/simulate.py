@@ -21,10 +21,7 @@ if __name__ == "__main__":  # Ctrl-C from here on, the slow imports included: on
 
     install("sim.simulate")
 
-import argparse
-import contextlib
 import json
-import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -32,20 +29,22 @@ import sys
 import tempfile
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
+from recipe.gdro.results.runner import run_all
+from recipe.gdro.results.stats import paired_ci
 from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS, make_learner
 from recipe.gdro.sim.methods import (
-    DEFAULT_METHODS,
-    METHOD_PRESETS,
     TUNED_LR_FILE,
     build_gdro_dict,
+    check_method,
+    default_methods,
+    file_label,
     lookup_tuned_lr,
     parse_set_overrides,
 )
@@ -86,14 +85,6 @@ EXTRA_CURVES = (
 CURVE_KEYS = ("mean_accuracy", "worst_skill_accuracy", "pass_at_8", "train_mean_accuracy")
 
 
-def _stop_pool(pool: ProcessPoolExecutor) -> None:
-    """Stop at once: drop the queued jobs and end the running ones (Ctrl-C)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # shutdown() forgets them
-    pool.shutdown(wait=False, cancel_futures=True)
-    for proc in procs:
-        proc.kill()  # pure computation writing into the staging folder, which is discarded
-
-
 def _replace_folder(staging: str, out_dir: str) -> None:
     """Move a finished output folder into place: the old one (if any) is renamed away first, then deleted."""
     old = None
@@ -112,7 +103,7 @@ def run_one(
     seed: int,
     *,
     steps: Optional[int] = None,
-    preset: Optional[Mapping[str, Any]] = None,
+    spec: Optional[str] = None,
     overrides: Optional[Mapping[str, Any]] = None,
     metrics_path: Optional[str] = None,
     learner: str = DEFAULT_LEARNER,
@@ -120,13 +111,14 @@ def run_one(
 ) -> dict[str, Any]:
     """Train the synthetic learner for ``steps`` steps with one method and one seed.
 
-    Returns per-step curves and summary numbers. ``preset`` replaces the named method's preset
-    (the defaults sweep uses it); ``metrics_path`` receives one JSON line per step.
+    ``method`` is a registry method or variant (:mod:`recipe.gdro.sim.methods`); ``spec``, when
+    given, is the one to run and ``method`` only its label (the sweeps use it). Returns per-step
+    curves and summary numbers; ``metrics_path`` receives one JSON line per step.
     """
     from verl_ext import GDROController, gdro_config_from_dict, gdro_config_to_dict
 
     steps = int(steps or scenario.steps)
-    gdro_dict = build_gdro_dict(scenario, preset if preset is not None else method, overrides or {}, seed)
+    gdro_dict = build_gdro_dict(scenario, spec or method, overrides or {}, seed)
     cfg = gdro_config_from_dict(gdro_dict)
     ctl = GDROController(cfg, scenario.num_prompts, max_response_length=scenario.max_response_length)
     learner_name = learner
@@ -269,23 +261,14 @@ def steady_state_start(scenario: Scenario, steps: int) -> int:
     return warmup + 1 if steps > warmup else 1
 
 
-def _task(job: tuple) -> dict[str, Any]:
-    """One (method, seed) run in a worker process (one torch thread each: the workers share the cores)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the pool, no traceback here
-    import torch
-
-    torch.set_num_threads(1)
-    return _run_job(job)
-
-
 def _run_job(job: tuple) -> dict[str, Any]:
-    scenario, method, seed, steps, preset, overrides, metrics_path, learner, lr_scale = job
+    scenario, method, seed, steps, spec, overrides, metrics_path, learner, lr_scale = job
     return run_one(
         scenario,
         method,
         seed,
         steps=steps,
-        preset=preset,
+        spec=spec,
         overrides=overrides,
         metrics_path=metrics_path,
         learner=learner,
@@ -294,23 +277,6 @@ def _run_job(job: tuple) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ statistics
-def paired_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float, int]:
-    """Mean of the per-seed differences a - b and its 95% t interval: (mean, lo, hi, n).
-
-    Seeds are paired: the same seed gives both runs the same dataset, batches and reward draws.
-    With one seed the interval is (nan, nan).
-    """
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    n = len(d)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    mean = float(d.mean())
-    if n < 2:
-        return mean, float("nan"), float("nan"), n
-    half = float(student_t.ppf(0.975, df=n - 1)) * float(d.std(ddof=1)) / np.sqrt(n)
-    return mean, mean - half, mean + half, n
-
-
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.size == 0 or np.all(np.isnan(arr)):
@@ -343,7 +309,7 @@ def run_experiment(
     seeds: Optional[Sequence[int]] = None,
     steps: Optional[int] = None,
     overrides: Optional[Mapping[str, Any]] = None,
-    presets: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    variants: Optional[Mapping[str, str]] = None,
     lr_scales: Optional[Mapping[str, float]] = None,
     learner: str = DEFAULT_LEARNER,
     workers: Optional[int] = None,
@@ -356,15 +322,15 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Run every (method, seed), write results.json / report.md / plots / metrics JSONL to ``out_dir``.
 
-    ``presets`` maps extra method names to explicit gdro presets (for sweeps); names there need not
-    be in :data:`METHOD_PRESETS`. ``lr_scales`` multiplies the scenario's lr per method (default 1).
+    ``variants`` maps labels to method specs (for sweeps: ``{"prompt_gdro@0.5": "prompt_gdro"}``);
+    every other name in ``methods`` is itself a method spec. ``lr_scales`` multiplies the scenario's
+    lr per method (default 1).
     """
-    presets = dict(presets or {})
+    variants = dict(variants or {})
     lr_scales = dict(lr_scales or {})
-    methods = list(methods or DEFAULT_METHODS)
+    methods = list(methods or default_methods())
     for m in methods:
-        if m not in METHOD_PRESETS and m not in presets:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHOD_PRESETS)}")
+        check_method(variants.get(m, m))
     if learner not in LEARNERS:
         raise ValueError(f"unknown learner {learner!r}; choose from {', '.join(LEARNERS)}")
     seeds = list(seeds if seeds is not None else range(scenario.seeds))
@@ -377,8 +343,11 @@ def run_experiment(
     jobs = []
     for m in methods:
         for s in seeds:
-            path = os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl") if (write_files and metrics_files) else None
-            jobs.append((scenario, m, s, steps, presets.get(m), overrides, path, learner, float(lr_scales.get(m, 1.0))))
+            path = None
+            if write_files and metrics_files:
+                path = os.path.join(out_dir, "metrics", file_label(m), f"seed{s}.jsonl")
+            scale = float(lr_scales.get(m, 1.0))
+            jobs.append((scenario, m, s, steps, variants.get(m), overrides, path, learner, scale))
 
     # Import verl once here so forked workers share it instead of importing it each.
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # noqa: F401
@@ -387,34 +356,17 @@ def run_experiment(
     results: dict[tuple[str, int], dict[str, Any]] = {}
     from tqdm import tqdm
 
-    # One tick per finished (method, seed) run, in the main process: no shared counter, no
-    # worker initialiser. Leaving the `with` (also on Ctrl-C) shuts the pool down, then the bar.
-    with contextlib.ExitStack() as stack:
-        bar = stack.enter_context(
-            tqdm(
-                total=len(jobs),
-                unit="run",
-                desc=f"simulating {scenario.name} [synthetic learner] {steps} steps/run",
-                disable=not progress,
-                dynamic_ncols=True,
-                mininterval=0.5 if sys.stderr.isatty() else 5.0,
-            )
-        )
-        if workers <= 1 or len(jobs) == 1:
-            done = map(_run_job, jobs)
-        else:
-            ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-            pool = stack.enter_context(ProcessPoolExecutor(max_workers=workers, mp_context=ctx))
-            futures = [pool.submit(_task, job) for job in jobs]
-            done = (f.result() for f in as_completed(futures))
-        try:
-            for r in done:
-                results[(r["method"], r["seed"])] = r
-                bar.update()
-        except KeyboardInterrupt:
-            if workers > 1 and len(jobs) > 1:
-                _stop_pool(pool)
-            raise
+    # One tick per finished (method, seed) run, in the main process (results/runner.py's pool).
+    with tqdm(
+        total=len(jobs),
+        unit="run",
+        desc=f"simulating {scenario.name} [synthetic learner] {steps} steps/run",
+        disable=not progress,
+        dynamic_ncols=True,
+        mininterval=0.5 if sys.stderr.isatty() else 5.0,
+    ) as bar:
+        for r in run_all(jobs, _run_job, workers=workers, on_done=lambda _job, _r: bar.update()):
+            results[(r["method"], r["seed"])] = r
     runtime = time.perf_counter() - t0
 
     out = assemble_results(
@@ -479,7 +431,7 @@ def assemble_results(
             curves[k] = {"mean": _round_list(mean), "std": _round_list(std)}
         entry["curves"] = curves
         entry["metrics_files"] = [
-            os.path.relpath(os.path.join(out_dir, "metrics", m, f"seed{s}.jsonl"), out_dir) for s in seeds
+            os.path.relpath(os.path.join(out_dir, "metrics", file_label(m), f"seed{s}.jsonl"), out_dir) for s in seeds
         ]
         per_method[m] = entry
     totals = {m: per_method[m]["per_seed"]["total_rollouts"] for m in methods}
@@ -698,58 +650,75 @@ def write_report(res: Mapping[str, Any], out_dir: str, plot_files: Sequence[str]
 
 
 # ------------------------------------------------------------------------------------ CLI
-def build_parser() -> argparse.ArgumentParser:
+@dataclass
+class SimulateArgs:
+    """The simulator's command line: one field per flag (``--lr_scale`` and ``--lr-scale`` both work)."""
+
+    scenario: Optional[str] = field(
+        default=None, metadata={"help": "scenario YAML file or shipped scenario name (default: dapo_like)"}
+    )
+    learner: str = field(
+        default=DEFAULT_LEARNER,
+        metadata={
+            "choices": list(LEARNERS),
+            "help": "synthetic learner: shared (shared representation, noise, interference, capacity, curvature; "
+            "default) or logistic (the earlier monotone per-skill learner)",
+        },
+    )
+    out: Optional[str] = field(default=None, metadata={"help": "output folder (default: outputs/sim_<scenario>)"})
+    steps: Optional[int] = field(default=None, metadata={"help": "training steps (default: the scenario's)"})
+    seed: int = field(default=0, metadata={"help": "first seed (default 0)"})
+    seeds: Optional[int] = field(
+        default=None, metadata={"help": "number of seeds: SEED .. SEED+K-1 (default: the scenario's)"}
+    )
+    methods: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "methods to compare (default: the registry's four and Rollout-GDRO's bandit and knapsack "
+            "allocators): config/method names, or variants NAME:KEY=VALUE, e.g. rollout_gdro:rollout.allocator=bandit"
+        },
+    )
+    lr_scale: Optional[float] = field(
+        default=None, metadata={"help": "multiply the scenario's lr by this for every method"}
+    )
+    tuned_lr: bool = field(
+        default=False,
+        metadata={
+            "help": f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
+            "(written by python -m recipe.gdro.experiments.sweep tune); not with --lr-scale"
+        },
+    )
+    overrides: list[str] = field(
+        default_factory=list,
+        metadata={
+            "aliases": ["--set"],
+            "action": "extend",
+            "metavar": "KEY=VALUE",
+            "help": "verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate or "
+            "binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1] (repeatable)",
+        },
+    )
+    workers: Optional[int] = field(default=None, metadata={"help": "parallel processes (default: min(2, cores))"})
+    no_plots: bool = field(default=False, metadata={"help": "skip the PNG plots"})
+    quiet: bool = field(default=False, metadata={"help": "no progress bar"})
+
+
+def build_parser():
+    """``transformers.HfArgumentParser`` over :class:`SimulateArgs`."""
+    from transformers import HfArgumentParser
+
     shipped = ", ".join(shipped_scenarios())
-    p = argparse.ArgumentParser(
+    return HfArgumentParser(
+        SimulateArgs,
         prog="python -m recipe.gdro.sim.simulate",
         description="Compare GRPO / Prompt-GDRO / Rollout-GDRO / joint at equal rollouts on a SYNTHETIC learner.",
         epilog=f"Shipped scenarios: {shipped}. Learners: {', '.join(LEARNERS)} (default {DEFAULT_LEARNER}). "
         "Sweeps (lr tuning, defaults study): python -m recipe.gdro.experiments.sweep --help. See docs/simulator.md.",
     )
-    p.add_argument(
-        "--scenario", default=None, help=f"scenario YAML file or shipped scenario name ({shipped}; default: dapo_like)"
-    )
-    p.add_argument(
-        "--learner",
-        default=DEFAULT_LEARNER,
-        choices=list(LEARNERS),
-        help="synthetic learner: shared (shared representation, noise, interference, capacity, curvature; "
-        "default) or logistic (the earlier monotone per-skill learner)",
-    )
-    p.add_argument("--out", default=None, help="output folder (default: outputs/sim_<scenario>)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the scenario's)")
-    p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
-    p.add_argument(
-        "--seeds", type=int, default=None, help="number of seeds: SEED .. SEED+K-1 (default: the scenario's)"
-    )
-    p.add_argument(
-        "--methods", nargs="+", default=None, choices=list(METHOD_PRESETS), help="methods to compare (default: all)"
-    )
-    lr = p.add_mutually_exclusive_group()
-    lr.add_argument("--lr-scale", type=float, default=None, help="multiply the scenario's lr by this for every method")
-    lr.add_argument(
-        "--tuned-lr",
-        action="store_true",
-        help=f"each method at its own tuned lr, read from {os.path.relpath(TUNED_LR_FILE)} "
-        "(written by python -m recipe.gdro.experiments.sweep tune)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="verl_ext gdro override for every method, e.g. prompt.loss_signal=failure_rate or "
-        "binner.bin_edges=[0,0.1,0.2,0.4,0.6,0.8,0.9,1] (repeatable)",
-    )
-    p.add_argument("--workers", type=int, default=None, help="parallel processes (default: min(2, cores))")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    (args,) = build_parser().parse_args_into_dataclasses(list(sys.argv[1:] if argv is None else argv))
     from verl_ext import GDROConfigError, gdro_config_from_dict  # light: no verl import
 
     # Everything that can be wrong in the arguments fails here: before verl's slow import and
@@ -757,7 +726,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         scenario = load_scenario(args.scenario)
         overrides = parse_set_overrides(args.overrides)
-        methods = list(args.methods or DEFAULT_METHODS)
+        if args.tuned_lr and args.lr_scale is not None:
+            raise ValueError("--tuned-lr and --lr-scale exclude each other: each sets the learning rates")
+        methods = list(args.methods or default_methods())
         for m in methods:
             gdro_config_from_dict(build_gdro_dict(scenario, m, overrides, seed=0))
         if args.steps is not None and args.steps < 1:

@@ -86,7 +86,7 @@ def build_model(
     num_layers: int = 3,
     *,
     intermediate_size: int = 256,
-    num_heads: int = 4,
+    num_heads: int = 2,
     num_kv_heads: int = 2,
     max_positions: int = 128,
     seed: int = 0,
@@ -118,6 +118,60 @@ def build_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+
+def widen_heads(model: Qwen3ForCausalLM, head_dim: int, *, noise: float = 0.0, seed: int = 0) -> Qwen3ForCausalLM:
+    """A copy of ``model`` with attention heads of ``head_dim`` (>= the old), computing the same function.
+
+    vLLM's CPU attention supports head sizes 32, 64, 80, ... only (issue 25), so a head-dim-16 model
+    is widened: each head's old dimension pair (j, j + d/2) of RoPE frequency theta^(-2j/d) moves to
+    the pair (rj, rj + D/2) of the same frequency in the new head size D = r d; the other dimensions
+    get zero q/k/v rows and zero o_proj columns. Qwen3's per-head RMSNorm on q and k then divides by
+    an RMS sqrt(r) smaller, and the attention scale is 1/sqrt(D) instead of 1/sqrt(d): the q-norm
+    weights are kept (q grows by sqrt(r)) and the k-norm weights divided by sqrt(r), which restores
+    every attention score exactly (up to the norms' eps). ``noise`` > 0 puts N(0, noise^2 x the rows'
+    variance) in the new rows instead of zeros, so training can use them (zero q and k rows get no
+    gradient from each other); the function then changes by O(noise^2).
+    """
+    cfg = model.config
+    old = cfg.head_dim
+    if head_dim % old or head_dim < old:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of the model's head_dim {old}")
+    r = head_dim // old
+    new_cfg = cfg.__class__.from_dict({**cfg.to_dict(), "head_dim": head_dim})
+    new = Qwen3ForCausalLM(new_cfg)
+    half_old, half_new = old // 2, head_dim // 2
+    # old index o in one head -> new index (RoPE pairs keep their frequency)
+    index = torch.tensor([r * o if o < half_old else r * (o - half_old) + half_new for o in range(old)])
+    gen = torch.Generator().manual_seed(seed)
+    state = model.state_dict()
+    out = {}
+    with torch.no_grad():
+        for name, tensor in new.state_dict().items():
+            src = state[name]
+            if src.shape == tensor.shape:
+                out[name] = src.clone()
+                continue
+            leaf = name.rsplit(".", 2)[-2]
+            if leaf in ("q_proj", "k_proj", "v_proj"):  # [heads * head_dim, hidden]
+                heads = src.shape[0] // old
+                dst = torch.randn(heads, head_dim, src.shape[1], generator=gen) * (noise * float(src.std()))
+                dst[:, index] = src.reshape(heads, old, -1)
+                out[name] = dst.reshape(heads * head_dim, -1)
+            elif leaf == "o_proj":  # [hidden, heads * head_dim]
+                heads = src.shape[1] // old
+                dst = torch.randn(src.shape[0], heads, head_dim, generator=gen) * (noise * float(src.std()))
+                dst[:, :, index] = src.reshape(src.shape[0], heads, old)
+                out[name] = dst.reshape(src.shape[0], -1)
+            elif leaf in ("q_norm", "k_norm"):  # [head_dim]
+                dst = torch.ones(head_dim)
+                dst[index] = src if leaf == "q_norm" else src / r**0.5
+                out[name] = dst
+            else:
+                raise ValueError(f"widen_heads: unexpected shape change in {name}")
+    new.load_state_dict(out)
+    new.generation_config = model.generation_config
+    return new.to(next(model.parameters()).device).eval()
 
 
 def load_model(path: str | Path = BASE_MODEL_DIR, device: str | torch.device = "cpu") -> Qwen3ForCausalLM:

