@@ -69,7 +69,7 @@ def test_equals_the_product_of_step_wise_probabilities(tok, base, temperature):
 def test_temperature_scales_the_logits_and_batching_does_not_matter(tok, base):
     p1 = exact.answer_probability(base, tok, PROMPTS, ANSWERS, temperature=1.0, batch_size=256)
     p1b = exact.answer_probability(base, tok, PROMPTS, ANSWERS, temperature=1.0, batch_size=1)
-    np.testing.assert_allclose(p1, p1b, rtol=1e-5)
+    np.testing.assert_allclose(p1, p1b, rtol=1e-4)  # float32: padding changes the summation order
     # T = 2 on the model is T = 1 on a model whose logits are halved (tied head: halve the final norm).
     half = copy.deepcopy(base)
     with torch.no_grad():
