@@ -69,7 +69,7 @@ def test_equals_the_product_of_step_wise_probabilities(tok, base, temperature):
 def test_temperature_scales_the_logits_and_batching_does_not_matter(tok, base):
     p1 = exact.answer_probability(base, tok, PROMPTS, ANSWERS, temperature=1.0, batch_size=256)
     p1b = exact.answer_probability(base, tok, PROMPTS, ANSWERS, temperature=1.0, batch_size=1)
-    np.testing.assert_allclose(p1, p1b, rtol=1e-5)
+    np.testing.assert_allclose(p1, p1b, rtol=1e-4)  # float32: padding changes the summation order
     # T = 2 on the model is T = 1 on a model whose logits are halved (tied head: halve the final norm).
     half = copy.deepcopy(base)
     with torch.no_grad():
@@ -138,3 +138,18 @@ def test_exact_by_skill_and_mean(tok, base):
     weighted = sum(v["n"] * v["exact"] for k, v in table.items() if k != "all") / len(records)
     assert table["all"]["exact"] == pytest.approx(weighted, rel=1e-9)
     assert exact.mean_exact(base, tok, records) == pytest.approx(table["all"]["exact"], rel=1e-9)
+
+
+@pytest.mark.parametrize("temps", ["0.3,x", "-1", ""])
+def test_cli_bad_temperatures_exit_2_with_one_line(capsys, temps):
+    assert exact.main(["--temperatures", temps]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --temperatures") and err.count("\n") == 1
+
+
+def test_gradsignal_cli_bad_arguments_exit_2(capsys):
+    from recipe.gdro.tinylm import gradsignal
+
+    assert gradsignal.main(["--prompts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --prompts") and err.count("\n") == 1
