@@ -162,8 +162,8 @@ def runs(tmp_path_factory):
         results[method] = base / "out" / "p" / method
         results["seconds"][method] = seconds
     # Resume: joint GDRO's folder with its last checkpoint removed resumes at step STEPS - 2 and runs one
-    # step without an update (ppo_epochs=0: so the model it saves is the one it loaded; an lr override
-    # would not do: verl restores the optimizer's lr from the checkpoint).
+    # step at lr 0 with the model alone loaded (actor.checkpoint.load_contents=[model]: verl would restore
+    # the optimizer's lr of 1e-4 with the optimizer), so the model it saves is the one it loaded.
     src, dst = results["joint_gdro"], base / "resume" / "p" / "joint_gdro"
     shutil.copytree(src, dst)
     shutil.rmtree(dst / f"global_step_{STEPS}")
@@ -175,7 +175,8 @@ def runs(tmp_path_factory):
         *common[1:],
         f"trainer.total_training_steps={STEPS - 1}",
         "trainer.resume_mode=auto",
-        "actor_rollout_ref.actor.ppo_epochs=0",
+        "actor_rollout_ref.actor.checkpoint.load_contents=[model]",
+        "actor_rollout_ref.actor.optim.lr=0",
     )
     assert r.returncode == 0, f"resumed tiny_joint_gdro.sh failed ({seconds:.0f} s): {r.stderr[-3000:]}"
     results["resumed"] = dst
@@ -234,7 +235,7 @@ def test_vllm_and_fsdp_log_probs_agree_after_each_sync(runs):
 def test_gdro_state_and_model_resume_exactly(runs):
     """The resumed run plans its first step (STEPS - 1) exactly as the uninterrupted run did (the schedule
     is a function of the restored gdro_state and the restored dataloader), and the model it loaded is
-    the checkpoint's, bit for bit (it ran its step without an update and saved it again)."""
+    the checkpoint's, bit for bit (it loaded the model alone, stepped at lr 0 and saved it again)."""
     from safetensors.torch import load_file
 
     a = {r["step"]: r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r}
