@@ -291,3 +291,24 @@ def test_setup_vllm_cpu_refuses_where_it_cannot_work(tmp_path):
     r = _setup(tmp_path, PYTHON=str(tmp_path / "missing"))
     assert r.returncode == 2 and "no Python at" in r.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_preflight_accepts_only_the_active_cpu_platform(monkeypatch):
+    """The preflight goes past its CUDA check on the cpu platform only (measured end to end in
+    docs/real_path.md: PREFLIGHT=1 bash run_scripts/tiny_rollout_gdro.sh)."""
+    import torch
+    import verl  # noqa: F401 - imported (and its plugins loaded) before `wanted` is patched below
+
+    from recipe.gdro import preflight
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU machine: the CUDA check passes by itself")
+    monkeypatch.setattr(cp, "wanted", lambda: False)
+    assert not preflight.cpu_platform_active()
+    with pytest.raises(preflight.PreflightError, match="no CUDA device visible"):
+        preflight.require_gpu_and_vllm()
+    monkeypatch.setattr(cp, "wanted", lambda: True)
+    from verl.plugin import platform as verl_platform
+
+    monkeypatch.setattr(verl_platform.platform_manager, "_current_platform", cp._platform_class()())
+    assert preflight.cpu_platform_active()
