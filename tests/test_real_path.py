@@ -120,8 +120,8 @@ def launch(method: str, out: Path, *overrides: str, env: dict | None = None, tim
         VERL_FILE_LOGGER_PATH=str(out / "p" / method / "verl_metrics.jsonl"),
         DATA_DIR=str(out.parent / "data"),
         GDRO_WEIGHT_SYNC_TIMEOUT="240",
-        **(env or {}),
     )
+    run_env.update(env or {})
     (out / "p" / method).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     r = subprocess.run(
