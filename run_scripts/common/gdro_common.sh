@@ -73,7 +73,7 @@ gdro_choice() {
 }
 gdro_launch() {
   local size="$1" method="$2" config="$GDRO_ROOT/recipe/gdro/config" entry note item && shift 2
-  [[ -f "$config/size/$size.yaml" ]] || gdro_die "unknown model size '$size' (expected 1.7b, 4b or 8b)"
+  [[ -f "$config/size/$size.yaml" ]] || gdro_die "unknown model size '$size' (expected 1.7b, 4b, 8b or tiny)"
   [[ -f "$config/method/$method.yaml" ]] || gdro_die "unknown method '$method' (expected grpo, prompt_gdro, rollout_gdro or joint_gdro)"
   for item in "${GDRO_REMOVED_VARS[@]}"; do
     local name="${item%%=*}"
@@ -114,7 +114,7 @@ gdro_launch() {
     note+=" | PAPER_EXACT"
     [[ -f "$config/paper_exact_settings/on_$method.yaml" ]] || gdro_log "paper_exact=on: method '$method' has no released settings of its own; it runs (and is named) as without paper_exact"
   fi
-  gdro_log "qwen3 $size / $method$note (run name, checkpoint folder: the plan below)"
+  gdro_log "$([[ "$size" == tiny ]] || echo "qwen3 ")$size / $method$note (run name, checkpoint folder: the plan below)"
   { printf '[gdro-launch] command:\n  %q -m %s' "$python" "$entry" && printf ' \\\n    %q' "${GDRO_OVERRIDES[@]}" && printf '\n'; } >&2
   exec "$python" -m "$entry" "${GDRO_OVERRIDES[@]}"
 }
