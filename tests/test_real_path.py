@@ -119,8 +119,12 @@ def launch(method: str, out: Path, *overrides: str, env: dict | None = None, tim
     )
     run_env.update(env or {})
     # the run's folder out/p/<method> (gdro_trainer.yaml's launch: section names it from these)
-    names = (f"launch.ckpt_root={out}", "trainer.project_name=p", f"trainer.experiment_name={method}",
-             "trainer.logger=[console,file]")
+    names = (
+        f"launch.ckpt_root={out}",
+        "trainer.project_name=p",
+        f"trainer.experiment_name={method}",
+        "trainer.logger=[console,file]",
+    )
     (out / "p" / method).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     r = subprocess.run(
