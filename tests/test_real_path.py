@@ -283,9 +283,32 @@ def test_failed_weight_sync_ends_the_run_clearly_in_bounded_time(tmp_path):
         env={"GDRO_CPU_PLATFORM_SKIP_SHIMS": "shim_vllm_cpu_weight_loader", "GDRO_WEIGHT_SYNC_TIMEOUT": "60"},
         timeout=900,
     )
-    assert r.returncode != 0
-    assert "WeightSyncTimeout" in r.stdout + r.stderr and "did not finish within 60 s" in r.stdout + r.stderr
+    assert r.returncode == 1
+    # one line of ours at the end, not only Ray's and Hydra's tracebacks
+    assert "main_gdro: error: WeightSyncTimeout:" in r.stderr and "did not finish within 60 s" in r.stderr
     assert seconds < 600
+
+
+def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
+    """run_ppo re-raises the TaskRunner actor's error as Ray's RayTaskError: main_gdro finds the
+    WeightSyncTimeout inside it (and nothing inside an unrelated error) to report it in one line."""
+    from ray.exceptions import RayTaskError
+
+    from recipe.gdro.main_gdro import _find_cause
+
+    original = WeightSyncTimeout("the weight sync did not finish within 60 s")
+    wrapped = RayTaskError("GDROTaskRunner.run", "Traceback ...", original)
+    assert _find_cause(wrapped, WeightSyncTimeout) is original
+    assert _find_cause(wrapped.as_instanceof_cause(), WeightSyncTimeout) is original
+    try:
+        try:
+            raise original
+        except WeightSyncTimeout as inner:
+            raise RuntimeError("fit failed") from inner
+    except RuntimeError as chained:
+        assert _find_cause(chained, WeightSyncTimeout) is original
+    assert _find_cause(RayTaskError("f", "tb", ValueError("x")), WeightSyncTimeout) is None
+    assert _find_cause(ValueError("x"), WeightSyncTimeout) is None
 
 
 def test_missing_venv_is_one_clear_error(tmp_path):

@@ -123,9 +123,32 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     from verl.trainer.main_ppo import run_ppo
 
     from recipe.gdro.task_runner import GDROTaskRunnerActor
+    from recipe.gdro.trainer import WeightSyncTimeout
 
-    run_ppo(config, task_runner_class=GDROTaskRunnerActor)
+    try:
+        run_ppo(config, task_runner_class=GDROTaskRunnerActor)
+    except Exception as e:  # noqa: BLE001 - only a bounded weight sync that ran out is ours to report
+        cause = _find_cause(e, WeightSyncTimeout)
+        if cause is None:
+            raise
+        print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _find_cause(error: BaseException, cls: type) -> Optional[BaseException]:
+    """``error`` or the first of its causes that is a ``cls`` (Ray wraps an actor's exception in a
+    ``RayTaskError`` whose ``cause`` is the original; Python chains ``__cause__`` / ``__context__``)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        original = getattr(error, "cause", None)
+        if isinstance(original, cls):
+            return original
+        if isinstance(error, cls) and not hasattr(error, "cause"):
+            return error
+        error = original if isinstance(original, BaseException) else (error.__cause__ or error.__context__)
+    return None
 
 
 @hydra.main(config_path="config", config_name=CONFIG_NAME, version_base=None)
