@@ -368,8 +368,8 @@ def test_verl_keys_users_set_are_refused_by_type_and_range(capsys, data, work):
     train_batch_size=lots were a bare ValueError (exit 1); rollout.n=0 was blamed on gdro.rollout.n_min."""
     base = paper_overrides(data) + [f"launch.ckpt_root={work}/ckpt"]
     cases = {
-        "actor_rollout_ref.actor.optim.lr=-1e-6": "actor_rollout_ref.actor.optim.lr=-1e-06 must be a number > 0",
-        "actor_rollout_ref.actor.optim.lr=fast": "actor_rollout_ref.actor.optim.lr='fast' must be a number > 0",
+        "actor_rollout_ref.actor.optim.lr=-1e-6": "actor_rollout_ref.actor.optim.lr=-1e-06 must be a number >= 0",
+        "actor_rollout_ref.actor.optim.lr=fast": "actor_rollout_ref.actor.optim.lr='fast' must be a number >= 0",
         "trainer.total_training_steps=-5": "trainer.total_training_steps=-5 must be an integer >= 1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=2.0": "gpu_memory_utilization=2.0 must be a number in (0, 1]",
         "actor_rollout_ref.actor.use_dynamic_bsz=maybe": "use_dynamic_bsz='maybe' must be true or false",
@@ -383,6 +383,9 @@ def test_verl_keys_users_set_are_refused_by_type_and_range(capsys, data, work):
         line = _refusal(capsys, base + [override], work)
         assert message in line, (override, line)
         assert "n_min" not in line, line
+    # lr 0 is a run that only evaluates or resaves (the real-path resume test, the study's lr-0 control)
+    code, out, err = run_cli(capsys, base + ["actor_rollout_ref.actor.optim.lr=0"])
+    assert code == 0 and "dry run OK" in out, err[-2000:]
     # verl's own refusal (validate_config) follows the recipe's message and exit code (before: exit 1)
     line = _refusal(capsys, base + ["gdro.rollout.enable=false", "data.train_batch_size=64"], work)
     assert line.startswith("gdro dry run: error: verl refuses the config") and "train_batch_size (64)" in line

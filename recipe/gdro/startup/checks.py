@@ -104,7 +104,7 @@ VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("data.max_prompt_length", **_POS_INT),
     VerlKey("data.max_response_length", **_POS_INT),
     VerlKey("actor_rollout_ref.rollout.n", **_POS_INT),
-    VerlKey("actor_rollout_ref.actor.optim.lr", float, low=0, low_open=True),
+    VerlKey("actor_rollout_ref.actor.optim.lr", float, low=0),  # 0: a run that only evaluates or resaves
     VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, low=0),
     VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, low=0, high=1),
     VerlKey("actor_rollout_ref.actor.ppo_mini_batch_size", **_POS_INT),
