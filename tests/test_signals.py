@@ -177,7 +177,7 @@ def test_pool_commands_stop_their_workers(tmp_path, argv, sig):
 
 
 def test_quickstart_interrupted_stops_its_training_run(tmp_path):
-    """``quickstart``: SIGINT while its first training run (tiny_cpu.sh -> main_gdro, Ray) is starting; the
+    """``quickstart``: SIGINT while its first training run (cpu_backend_tiny.sh -> main_gdro, Ray) is starting; the
     run and everything it started are stopped, and no report is written."""
     out = tmp_path / "qs"
     proc = start([PY, "-m", "recipe.gdro.experiments.quickstart", "--out", str(out), "--steps", "2"])
@@ -202,7 +202,7 @@ def test_quickstart_interrupted_stops_its_training_run(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_backend_run_interrupted_mid_training(tmp_path):
-    """``python -m recipe.gdro.main_gdro gdro.backend=cpu`` (tiny_cpu.sh; SIGINT printed 181 traceback
+    """``python -m recipe.gdro.main_gdro gdro.backend=cpu`` (cpu_backend_tiny.sh; SIGINT printed 181 traceback
     blocks: asyncio tasks destroyed while pending, ContextVar tokens reset in another context): SIGINT
     once a training step has been written. The agent loop's tasks are cancelled, TransferQueue and Ray
     shut down, one line, exit 130, no Ray process left."""
@@ -215,7 +215,7 @@ def test_cpu_backend_run_interrupted_mid_training(tmp_path):
         capture_output=True,
     )
     out = tmp_path / "run"
-    env_cmd = ["bash", str(REPO / "run_scripts" / "tiny_cpu.sh"), "trainer.val_before_train=false"]
+    env_cmd = ["bash", str(REPO / "run_scripts" / "cpu_backend_tiny.sh"), "trainer.val_before_train=false"]
     proc = subprocess.Popen(
         env_cmd,
         cwd=REPO,
