@@ -187,17 +187,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
             pad_token_id=tok.pad_token_id,
             generator=generator,
         )
-        acc = np.array(
-            [
-                tasks.score(
-                    train[i]["data_source"],
-                    tok.decode(r, skip_special_tokens=True),
-                    train[i]["reward_model"]["ground_truth"],
-                )
-                for i, (r, _) in zip(pid, out, strict=True)
-            ]
-        )
-        return out, acc
+        return out, np.array(tasks.score_samples(tok, [train[i] for i in pid], out))
 
     first_step = warm_steps(config)
     if first_step:  # the binner warm start: every training prompt visited once, k samples, binner only

@@ -77,16 +77,7 @@ def grpo_batch(model, tok, records: list[dict], prompt_rows: np.ndarray, n: int,
         pad_token_id=tok.pad_token_id,
         generator=generator,
     )
-    acc = np.array(
-        [
-            tasks.score(
-                records[i]["data_source"],
-                tok.decode(r, skip_special_tokens=True),
-                records[i]["reward_model"]["ground_truth"],
-            )
-            for i, (r, _) in zip(pid, out, strict=True)
-        ]
-    )
+    acc = np.array(tasks.score_samples(tok, [records[i] for i in pid], out))
     batch = policy.rollout_batch(prompts, out, tok.pad_token_id)
     lengths = batch["response_mask"].sum(1)
     rewards = torch.zeros_like(batch["old_log_probs"])

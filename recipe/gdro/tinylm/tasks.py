@@ -36,6 +36,14 @@ def score(data_source: str, text: str, ground_truth: str) -> bool:
     return bool(result["acc"]) if isinstance(result, dict) else result > 0
 
 
+def score_samples(tok, records: list[dict], samples) -> list[bool]:
+    """Whether each sampled ``(response_ids, log_probs)`` is correct for its record (``score``)."""
+    return [
+        score(rec["data_source"], tok.decode(r, skip_special_tokens=True), rec["reward_model"]["ground_truth"])
+        for rec, (r, _) in zip(records, samples, strict=True)
+    ]
+
+
 def val_records(num_val: int = 1000, seed: int = 0) -> list[dict]:
     """The validation rows ``data_prep/arith.py --seed S --num_val M`` writes (same order)."""
     return arith.build_split(num_val, seed, val=True)
