@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from recipe_helpers.figures import assert_row_close, assert_unrounded_close, compare_row_numbers
+from recipe_helpers.figures import (
+    HEADLINE_METHODS,
+    assert_row_close,
+    assert_unrounded_close,
+    compare_row_numbers,
+    headline_run,
+)
 
 from recipe.gdro.startup.recipe_config import RecipeConfig
 from verl_ext.config import Choice, GDROConfig
@@ -169,26 +175,13 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     """
     from recipe.gdro.experiments.sweep import COMPARE_COLUMNS, _compare_rows
     from recipe.gdro.sim.methods import lookup_tuned_lr
-    from recipe.gdro.sim.scenario import load_scenario
-    from recipe.gdro.sim.simulate import run_experiment
 
     headline = _headline_rows(REPO / "docs" / "simulator.md")
     for (scen, method), line in headline.items():
         lr = lookup_tuned_lr(scen, "shared", [method])[method]
         assert f"| {scen} | {method} | ×{lr:g} |" in line, (line, lr)
-    methods = ["grpo", "rollout_gdro"]
-    sc = load_scenario("dapo_like")
-    res = run_experiment(
-        sc,
-        "unused",
-        methods=methods,
-        seeds=list(range(5)),
-        lr_scales=lookup_tuned_lr("dapo_like", "shared", methods),
-        workers=1,
-        progress=False,
-        plots=False,
-        write_files=False,
-    )
+    methods = HEADLINE_METHODS
+    res = headline_run()
     got = _compare_rows("dapo_like", res, res["methods"]["grpo"], methods)
     for m, row in zip(methods, got, strict=True):
         # GRPO has no allocator to turn a last bit into another run: it drifted 3e-14 points, and 0.01

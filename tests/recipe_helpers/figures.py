@@ -126,26 +126,37 @@ def kernels() -> dict[str, object]:
     return out
 
 
-def simulator_headline_figures() -> dict[str, object]:
-    """The two rows test_docs recomputes (dapo_like grpo and rollout_gdro_sqrt, seeds 0-4, tuned lr):
-    rendered, and the unrounded numbers behind each cell (points, except the mass ratio)."""
-    from recipe.gdro.experiments.sweep import _compare_rows
+HEADLINE_METHODS = ["grpo", "rollout_gdro"]
+
+
+def headline_run() -> dict:
+    """The simulator run behind the two headline rows test_docs recomputes: dapo_like, grpo and
+    rollout_gdro, seeds 0-4, each at its shipped tuned lr."""
     from recipe.gdro.sim.methods import lookup_tuned_lr
     from recipe.gdro.sim.scenario import load_scenario
-    from recipe.gdro.sim.simulate import paired_ci, run_experiment
+    from recipe.gdro.sim.simulate import run_experiment
 
-    methods = ["grpo", "rollout_gdro_sqrt"]
-    res = run_experiment(
+    return run_experiment(
         load_scenario("dapo_like"),
         "unused",
-        methods=methods,
+        methods=HEADLINE_METHODS,
         seeds=list(range(5)),
-        lr_scales=lookup_tuned_lr("dapo_like", "shared", methods),
+        lr_scales=lookup_tuned_lr("dapo_like", "shared", HEADLINE_METHODS),
         workers=1,
         progress=False,
         plots=False,
         write_files=False,
     )
+
+
+def simulator_headline_figures() -> dict[str, object]:
+    """The rows of :func:`headline_run`: rendered, and the unrounded numbers behind each cell (points,
+    except the mass ratio)."""
+    from recipe.gdro.experiments.sweep import _compare_rows
+    from recipe.gdro.results.stats import paired_ci
+
+    methods = HEADLINE_METHODS
+    res = headline_run()
     ref = res["methods"]["grpo"]
     raw: dict[str, Mapping[str, object]] = {}
     for m in methods:
