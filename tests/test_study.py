@@ -174,6 +174,18 @@ def test_the_direct_loop_names_an_unusable_device(capsys):
     assert direct.main(["--device", "tpu9", "--steps", "1"]) == 2
 
 
+def test_the_direct_cli_trains_and_writes_its_result(tmp_path):
+    """The documented command end to end (it once refused every invocation: gdro passed twice)."""
+    from recipe.gdro.experiments import direct
+
+    out = tmp_path / "r.json"
+    argv = ["--steps", "1", "--prompts", "4", "--n", "2", "--num_train", "16", "--num_val", "12"]
+    assert direct.main([*argv, "--method", "joint_gdro", "--gdro", "rollout.budget=tokens", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["gdro"] == {"rollout": {"budget": "tokens"}}
+    assert len(result["history"]) == 1 and 0.0 <= result["final_exact"] <= 1.0
+
+
 def test_the_direct_cli_is_its_dataclass_and_keeps_its_flags():
     from recipe.gdro.experiments import direct
 

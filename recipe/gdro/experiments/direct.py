@@ -373,7 +373,8 @@ def main(argv=None) -> int:
         print(f"error: --gdro: {e}", file=sys.stderr)
         return 2
     config = DirectConfig(
-        gdro=gdro, **{f.name: getattr(args, f.name) for f in dataclasses.fields(DirectConfig) if hasattr(args, f.name)}
+        gdro=gdro,
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(DirectConfig) if f.name != "gdro" and hasattr(args, f.name)},
     )
     try:
         warm_steps(config)
