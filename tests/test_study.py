@@ -111,7 +111,10 @@ def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
     assert "no runs folder" in capsys.readouterr().err and not res.exists()
     assert study.main(["tune", *args]) == 0
     runs = res / "runs"
-    assert len(list(runs.glob("*.json"))) == 2 * 2 * 2  # methods x lrs x tuning seeds
+    assert len(list(runs.glob("tune-*.json"))) == 2 * 2 * 2  # methods x lrs x tuning seeds
+    (baseline,) = [json.loads(p.read_text())["summary"] for p in runs.glob("baseline-*.json")]
+    assert baseline["best_exact"] == max(baseline["exact_by_temperature"].values())
+    assert set(baseline["exact_by_temperature"]) == {f"{t:g}" for t in study.BASELINE_TEMPERATURES}
     summary = json.loads(next(runs.glob("tune-*.json")).read_text())["summary"]
     for key in ("method", "stage", "seed", "lr", "protocol_hash", "started_at", "base_exact", "final_exact"):
         assert key in summary
@@ -132,6 +135,7 @@ def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
     for section in ("## Tuning", "## Cold start", "## Primary", "## Exploratory arms", "## Confirmation"):
         assert section in first
     assert "Not run yet" not in first
+    assert first.count("Decoding baseline (no training)") == 5  # beside every table of a comparison
     n_runs = len(list(runs.glob("*.json")))
     # the report: from the summaries alone, byte-identical, runs nothing
     assert study.main(["report", *args[:4]]) == 0 and (res / "REPORT.md").read_text() == first
@@ -145,6 +149,15 @@ def test_the_study_end_to_end_on_a_smoke_protocol(tmp_path, capsys):
     (next(runs.glob("long-*.json"))).unlink()
     assert study.main(["report", *args[:4]]) == 0
     assert "## Regimes\n\nNot run yet" in (res / "REPORT.md").read_text()
+
+
+def test_a_run_key_does_not_name_the_checkout(tmp_path):
+    """A fresh clone elsewhere must find the committed runs: the shipped base is keyed by its repo path."""
+    p = load_protocol(_protocol(tmp_path))
+    c = study.run_config(p, "grpo", 1e-4, 0)
+    assert c["direct"]["model_path"] == "recipe/gdro/tinylm/base"
+    assert Path(study.local_path(c["direct"]["model_path"])) == study.REPO / "recipe" / "gdro" / "tinylm" / "base"
+    assert study.portable_path(tmp_path) == str(tmp_path.resolve())  # outside the repo: kept absolute
 
 
 def test_exploratory_arms_are_confirmed_only_if_they_gained(tmp_path):

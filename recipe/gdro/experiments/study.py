@@ -93,7 +93,23 @@ def run_config(
             **{**protocol.shape, **(shape or {})},
         )
     )
+    direct["model_path"] = portable_path(direct["model_path"])
     return {"direct": direct, "exact_temperature": protocol.eval_temperature}
+
+
+def portable_path(path: str | Path) -> str:
+    """A path inside the repository as a repo-relative POSIX string: a run's configuration (its key in
+    the run store) must not name the checkout, or a fresh clone elsewhere finds none of the committed runs."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(REPO).as_posix()
+    except ValueError:
+        return str(resolved)
+
+
+def local_path(path: str) -> str:
+    """The inverse of :func:`portable_path` on this checkout."""
+    return str(path if Path(path).is_absolute() else REPO / path)
 
 
 def _run(job: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +120,7 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     config = job["config"]["direct"]
     if job["config"]["exact_temperature"] != config["temperature"]:
         raise ValueError("the exact metric is read at the run's temperature (run_direct)")
-    result = run_direct(dict(config), log=lambda *_: None)
+    result = run_direct({**config, "model_path": local_path(config["model_path"])}, log=lambda *_: None)
     final, base = result["after_exact"], result["before_exact"]
     history = result["history"]
     unseen = [h["train/unseen_share"] for h in history]
@@ -226,6 +242,73 @@ class Study:
         )
 
 
+# ------------------------------------------------------------------------------ the decoding baseline
+# Decoding temperatures of the baseline (0: greedy), the grid of ``python -m recipe.gdro.tinylm.exact``
+# plus greedy; the base at its best one is what an RL gain must beat (issue 26 item 1).
+BASELINE_TEMPERATURES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5)
+
+
+def decoding_baseline(study: Study) -> dict[str, Any]:
+    """The untrained base's exact metric on the validation prompts at each decoding temperature, and its
+    best: one stored summary (stage ``baseline``), computed once and read back like a run."""
+    from recipe.gdro.tinylm.model import BASE_MODEL_DIR
+
+    shape = study.p.shape
+    config = {
+        "baseline": {
+            "model_path": portable_path(shape.get("model_path", BASE_MODEL_DIR)),
+            "num_val": int(shape.get("num_val", 1000)),
+            "data_seed": int(shape.get("data_seed", 0)),
+            "temperatures": list(BASELINE_TEMPERATURES),
+        }
+    }
+    got = study.store.get(config)
+    if got is not None:
+        return got
+    if not study.jobs:
+        raise MissingRuns("the decoding baseline is not in the cache; run the tune stage, which makes it")
+    from data_prep import arith
+    from recipe.gdro.tinylm import exact
+    from recipe.gdro.tinylm.model import load_model, load_tokenizer
+
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    b = config["baseline"]
+    path = local_path(b["model_path"])
+    model, tok = load_model(path), load_tokenizer(path)
+    val = arith.build_split(b["num_val"], b["data_seed"], val=True)
+    sweep = exact.temperature_sweep(model, tok, val, temperatures=b["temperatures"])
+    best = sweep["best_temperature"]
+    summary = {
+        "arm": "base decoding",
+        "stage": "baseline",
+        "seed": b["data_seed"],
+        "protocol_hash": study.p.hash,
+        "started_at": started,
+        "exact_by_temperature": {f"{t:g}": v["all"]["exact"] for t, v in sweep["tables"].items()},
+        "best_temperature": best,
+        "best_exact": sweep["best_exact"],
+        "best_exact_by_skill": {k: v["exact"] for k, v in sweep["tables"][best].items() if k != "all"},
+    }
+    study.store.put(config, summary)
+    study.log(f"baseline: base exact {summary['best_exact']:.4f} at its best decoding temperature {best:g}")
+    return summary
+
+
+def baseline_line(study: Study, grpo_runs: list[dict[str, Any]] | None = None) -> str:
+    """One line beside a table: the base at the run temperature and at its best, and GRPO's gains over both."""
+    b = decoding_baseline(study)
+    t = study.p.eval_temperature
+    at_t = b["exact_by_temperature"].get(f"{t:g}", float("nan"))
+    best = "greedy" if b["best_temperature"] == 0 else f"T = {b['best_temperature']:g}"
+    line = f"Decoding baseline (no training): base exact {at_t:.4f} at T = {t:g}, {b['best_exact']:.4f} at its best"
+    line += f" ({best})"
+    if grpo_runs:
+        final = float(np.mean([r["final_exact"] for r in grpo_runs]))
+        line += f"; GRPO here {final:.4f}: {final - at_t:+.4f} over the base"
+        line += f", {final - b['best_exact']:+.4f} over its best"
+    return line + "."
+
+
 # --------------------------------------------------------------------------------- per-seed metrics
 def solvable_skills(run: dict[str, Any], threshold: float) -> list[str]:
     """Skills the base answers exactly with probability >= threshold (fixed by the base, not by a method)."""
@@ -298,10 +381,14 @@ def tune(study: Study) -> tuple[dict[str, float], str]:
     tuned = {m: choose_lr(score[m], prefer="smaller") for m in t["methods"]}
     rows = [[m, *(f"{np.mean(score[m][float(lr)]):.4f}" for lr in t["lr_grid"]), f"{tuned[m]:g}"] for m in t["methods"]]
     base = float(np.mean([r["base_exact"] for r in runs]))
+    ref = study.p.primary.get("reference", "grpo")
+    grpo = [r for (m, _), r in zip(jobs, runs, strict=True) if m == ref and r["lr"] == tuned[m]]
     lines = [
         f"Tuning (seeds {t['seeds']}; mean final exact probability; base {base:.4f}):",
         "",
         *markdown_table(["method", *(f"lr {lr:g}" for lr in t["lr_grid"]), "chosen"], rows),
+        "",
+        baseline_line(study, grpo),
     ]
     return tuned, "\n".join(lines)
 
@@ -392,6 +479,8 @@ def primary(study: Study, tuned: dict[str, float]) -> str:
         [
             _power_text(plan, gain),
             "",
+            baseline_line(study, [runs[(ref, s)] for s in seeds]),
+            "",
             f"Primary family (declared; Holm at {pr.get('alpha', 0.05)}; paired over seeds {seeds}):",
             "",
             *table,
@@ -456,6 +545,8 @@ def explore(study: Study, tuned: dict[str, float]) -> str:
             "seeds; unadjusted):",
             "",
             *markdown_table(head, rows),
+            "",
+            baseline_line(study, list(ref_runs.values())),
         ]
     )
 
@@ -501,6 +592,8 @@ def confirm(study: Study, tuned: dict[str, float]) -> str:
             f"fresh seeds {seeds}; {len(diffs)} comparisons, Holm at {cf.get('alpha', 0.05)}:",
             "",
             *table,
+            "",
+            baseline_line(study, list(g.values())),
         ]
     )
 
@@ -525,6 +618,8 @@ def long_regimes(study: Study, tuned: dict[str, float]) -> str:
             f"{regime} ({', '.join(f'{k}={v}' for k, v in shape.items())}), seeds {seeds}:",
             "",
             *markdown_table(["method", "final exact", "vs GRPO (95% CI)"], rows),
+            "",
+            baseline_line(study, list(by[methods[0]].values())),
             "",
         ]
     return "\n".join(lines).rstrip()
