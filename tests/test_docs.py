@@ -15,11 +15,11 @@ from recipe_helpers.figures import (
     compare_row_numbers,
     headline_run,
 )
+from recipe_helpers.paths import REPO
 
 from recipe.gdro.startup.recipe_config import RecipeConfig
 from verl_ext.config import Choice, GDROConfig
 
-REPO = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^\| `(gdro\.[a-z_.]+)` \| `([^`]*)` \|")
 
 
@@ -87,7 +87,7 @@ def _tables(lines: list[str]) -> list[list[str]]:
 def test_readme_results_tables_are_the_ones_commands_write():
     """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
     tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study/REPORT.md,
-    which tests/test_study.py regenerates from the committed runs), except the previous study's, kept
+    which tests/recipe/experiments/test_study.py regenerates from the committed runs), except the previous study's, kept
     under its own heading; the simulator's headline table is sim_sweep's headline.md."""
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
 

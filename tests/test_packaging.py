@@ -19,8 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+from recipe_helpers.paths import REPO
 
 
 def _run(args, **kw) -> subprocess.CompletedProcess:

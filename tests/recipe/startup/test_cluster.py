@@ -16,7 +16,8 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recipe_helpers import standins as S  # noqa: E402
-from test_recipe_dry_run import paper_overrides  # noqa: E402
+from recipe_helpers.overrides import paper_overrides  # noqa: E402
+from recipe_helpers.paths import REPO  # noqa: E402
 
 from recipe.gdro import preflight  # noqa: E402
 from recipe.gdro.main_gdro import cli  # noqa: E402
@@ -24,7 +25,6 @@ from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 SDPA = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
 NO_FLASH = importlib.util.find_spec("flash_attn") is None
 

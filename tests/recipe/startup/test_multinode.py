@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
+from recipe_helpers.paths import REPO  # noqa: E402
 from recipe_helpers.ray_env import ray_auth_mode  # noqa: E402
 
 from recipe.gdro.preflight import PreflightError, probe_nodes, probe_shared_storage  # noqa: E402
 from recipe.gdro.startup import cluster  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RAY_BIN = Path(sys.executable).with_name("ray")
 # The `ray` script next to the interpreter, else the same CLI as a module (a venv that sees ray through
 # a shared site-packages has no script of its own).

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from recipe_helpers.paths import REPO
 
 from recipe.gdro.experiments import study
 from recipe.gdro.experiments.protocol import Ledger, ProtocolError, load_protocol
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results" / "tiny_lm_study"
 
 

@@ -32,11 +32,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recipe_helpers import launch_configs as LC  # noqa: E402
+from recipe_helpers.paths import REPO  # noqa: E402
 
 from recipe.gdro.main_gdro import cli  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 RUN_SCRIPTS = REPO / "run_scripts"
 COMMON = RUN_SCRIPTS / "common" / "gdro_common.sh"
 

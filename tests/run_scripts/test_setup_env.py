@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from recipe_helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SETUP = REPO / "run_scripts" / "setup_env.sh"
 ACTIVATE = REPO / "run_scripts" / "common" / "activate_venv.sh"
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from recipe_helpers.paths import REPO
 
 
 def test_bench_overhead_runs_and_prompt_gdro_adds_no_transferqueue_write():

@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from recipe_helpers.paths import REPO
 
 from recipe.gdro.results import plot as gdro_plot
 from recipe.gdro.results.metrics_io import append_metrics_jsonl
@@ -20,8 +21,6 @@ from recipe.gdro.sim import plots as sim_plots
 from recipe.gdro.sim.methods import default_methods, parse_set_overrides
 from recipe.gdro.sim.scenario import ScenarioError, load_scenario, scenario_from_dict, shipped_scenarios
 from recipe.gdro.sim.simulate import run_experiment, run_one
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def tiny(**over):

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from recipe_helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
 

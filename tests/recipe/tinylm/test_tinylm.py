@@ -6,21 +6,19 @@ import copy
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 from omegaconf import OmegaConf
+from recipe_helpers.paths import REPO
 
 from data_prep import arith, reward_fn
 from data_prep.common import OUTPUT_SCHEMA
 from recipe.gdro.tinylm import policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, build_model, build_tokenizer, load_model, load_tokenizer
 from recipe.gdro.tinylm.sft import SFT_WEIGHTS, ProblemStream, collate
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,7 +125,7 @@ def test_arith_unwritable_folder_exit_2(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "data_prep" / "arith.py"), "--local_dir", str(blocker / "sub")],
+        [sys.executable, str(REPO / "data_prep" / "arith.py"), "--local_dir", str(blocker / "sub")],
         capture_output=True,
         text=True,
         timeout=60,

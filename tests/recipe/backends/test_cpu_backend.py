@@ -39,6 +39,7 @@ tq = pytest.importorskip("transfer_queue")
 
 from omegaconf import OmegaConf  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
+from recipe_helpers.paths import HELPERS  # noqa: E402
 
 from recipe.gdro.backends.cpu import CPUTaskRunner, prepare_cpu_config  # noqa: E402
 from recipe.gdro.backends.cpu_rollout import CPURolloutServer  # noqa: E402
@@ -49,8 +50,7 @@ from recipe.gdro.tinylm import policy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-HERE = Path(__file__).resolve().parent
-REWARD = HERE / "recipe_helpers" / "cpu_reward.py"
+REWARD = HELPERS / "cpu_reward.py"
 
 
 # ---------------------------------------------------------------------------------------- fixtures

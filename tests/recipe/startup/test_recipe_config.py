@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from recipe_helpers import standins as S  # noqa: E402
+from recipe_helpers.paths import REPO  # noqa: E402
 
 from recipe.gdro.results.metrics_io import (  # noqa: E402
     append_metrics_jsonl,
@@ -36,7 +37,7 @@ from recipe.gdro.startup.recipe_config import (  # noqa: E402
 )
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_from_dict, gdro_config_to_dict  # noqa: E402
 
-YAML_PATH = Path(__file__).resolve().parents[1] / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"
+YAML_PATH = REPO / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -382,7 +383,7 @@ def test_unloadable_reward_function_is_refused(tmp_path):
 
 
 def test_project_reward_fn_reports_acc(tmp_path):
-    path = Path(__file__).resolve().parents[1] / "data_prep" / "reward_fn.py"
+    path = REPO / "data_prep" / "reward_fn.py"
     result = probe(tmp_path, f"reward.custom_reward_function.path={path}")
     assert "acc" in result.results["math_dapo"]
 

@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recipe_helpers.paths import REPO
 
 from data_prep import common, dapo, eval_sets
 
-REPO = Path(__file__).resolve().parent.parent
 DAPO_PREFIX = common.KNOWN_PREFIXES[0] + "\n\n"
 DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
 
