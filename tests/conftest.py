@@ -13,14 +13,9 @@ test that leaves a ``RAY_*`` variable changed or Ray's cached authentication mod
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recipe_helpers.ray_env import ray_auth_out_of_sync, ray_env_changes, ray_environ  # noqa: E402
+from recipe_helpers.ray_env import ray_auth_out_of_sync, ray_env_changes, ray_environ
 
 # skip reason -> why it may be skipped in CI
 ALLOWED_SKIPS = {

@@ -10,12 +10,8 @@ config (cache: disabled), and monkeypatch put ``token`` back in the variable onl
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 raylet = pytest.importorskip("ray._raylet")
 

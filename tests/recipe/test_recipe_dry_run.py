@@ -13,15 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from recipe_helpers import standins as S
+from recipe_helpers.overrides import paper_overrides
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recipe_helpers import standins as S  # noqa: E402
-from recipe_helpers.overrides import paper_overrides  # noqa: E402
-
-from recipe.gdro.main_gdro import cli  # noqa: E402
-from recipe.gdro.startup.checks import GDRORecipeError, prepare  # noqa: E402
-from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.main_gdro import cli
+from recipe.gdro.startup.checks import GDRORecipeError, prepare
+from recipe.gdro.startup.cli import compose_config
 
 
 @pytest.fixture

@@ -23,15 +23,12 @@ import math
 import os
 import pickle
 import shutil
-import sys
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ray = pytest.importorskip("ray")
 tq = pytest.importorskip("transfer_queue")

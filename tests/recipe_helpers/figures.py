@@ -173,6 +173,7 @@ def simulator_headline_figures() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    # run as a script (.ci/run; no pytest, so no `pythonpath` setting): the repository root, for `recipe`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     what = sys.argv[1] if len(sys.argv) > 1 else "simulator"
     print(json.dumps(kernels() if what == "kernels" else simulator_headline_figures(), indent=1))

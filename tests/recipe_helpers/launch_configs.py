@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script: the repository root, for `recipe.gdro`
-    sys.path.insert(0, str(REPO))
 FIXTURE = REPO / "tests" / "fixtures" / "launch_configs.json"
 SIZES = ("1.7b", "4b", "8b")
 METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro")
@@ -193,4 +191,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # run as a script (no pytest, so no `pythonpath` setting): the repository root, for `recipe.gdro`
+    sys.path.insert(0, str(REPO))
     sys.exit(main())

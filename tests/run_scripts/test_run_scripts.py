@@ -29,13 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from recipe_helpers import launch_configs as LC
+from recipe_helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recipe_helpers import launch_configs as LC  # noqa: E402
-from recipe_helpers.paths import REPO  # noqa: E402
-
-from recipe.gdro.main_gdro import cli  # noqa: E402
-from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.main_gdro import cli
+from recipe.gdro.startup.cli import compose_config
 
 RUN_SCRIPTS = REPO / "run_scripts"
 COMMON = RUN_SCRIPTS / "common" / "gdro_common.sh"

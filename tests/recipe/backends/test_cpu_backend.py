@@ -24,15 +24,12 @@ import asyncio
 import copy
 import pickle
 import random
-import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ray = pytest.importorskip("ray")
 tq = pytest.importorskip("transfer_queue")

@@ -12,18 +12,15 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from recipe_helpers import standins as S
+from recipe_helpers.overrides import paper_overrides
+from recipe_helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recipe_helpers import standins as S  # noqa: E402
-from recipe_helpers.overrides import paper_overrides  # noqa: E402
-from recipe_helpers.paths import REPO  # noqa: E402
-
-from recipe.gdro import preflight  # noqa: E402
-from recipe.gdro.main_gdro import cli  # noqa: E402
-from recipe.gdro.startup import cluster  # noqa: E402
-from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
-from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro import preflight
+from recipe.gdro.main_gdro import cli
+from recipe.gdro.startup import cluster
+from recipe.gdro.startup.checks import GDRORecipeError
+from recipe.gdro.startup.cli import compose_config
 
 SDPA = "++actor_rollout_ref.model.override_config.attn_implementation=sdpa"
 NO_FLASH = importlib.util.find_spec("flash_attn") is None

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 

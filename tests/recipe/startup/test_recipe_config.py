@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 import textwrap
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,28 +13,25 @@ import numpy as np
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from recipe_helpers import standins as S
+from recipe_helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from recipe_helpers import standins as S  # noqa: E402
-from recipe_helpers.paths import REPO  # noqa: E402
-
-from recipe.gdro.results.metrics_io import (  # noqa: E402
+from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
     read_metrics_jsonl,
     rewind_metrics_jsonl,
 )
-from recipe.gdro.startup import checks  # noqa: E402
-from recipe.gdro.startup.checks import GDRORecipeError  # noqa: E402
-from recipe.gdro.startup.cli import compose_config  # noqa: E402
-from recipe.gdro.startup.recipe_config import (  # noqa: E402
+from recipe.gdro.startup import checks
+from recipe.gdro.startup.checks import GDRORecipeError
+from recipe.gdro.startup.cli import compose_config
+from recipe.gdro.startup.recipe_config import (
     RECIPE_KEYS,
     DryRun,
     RecipeConfig,
     recipe_config_from_dict,
     split_gdro_section,
 )
-from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_from_dict, gdro_config_to_dict  # noqa: E402
+from verl_ext import GDROConfig, GDROConfigError, PromptIdError, gdro_config_from_dict, gdro_config_to_dict
 
 YAML_PATH = REPO / "recipe" / "gdro" / "config" / "gdro_trainer.yaml"
 
