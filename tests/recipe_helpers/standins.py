@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ import transfer_queue as tq
 from tensordict import TensorDict
 
 from recipe.gdro.backends.cpu_rollout import generate_and_drain
+from recipe.gdro.backends.cpu_workers import InProcessReplicas, install_in_process_workers
 
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (
@@ -380,21 +380,14 @@ class FakeActorWorkerGroup:
         self.loaded.append(local_path)
 
 
-class FakeCheckpointManager:
+class FakeCheckpointManager(InProcessReplicas):
+    """Records the step of every weight sync; the replica controls are the CPU backend's no-ops."""
+
     def __init__(self):
         self.versions: list = []
 
     def update_weights(self, global_steps=None):
         self.versions.append(global_steps)
-
-    def sleep_replicas(self):
-        pass
-
-    def abort_replicas(self):
-        pass
-
-    def resume_generation_replicas(self):
-        pass
 
 
 class StandInSetupMixin:
@@ -410,18 +403,15 @@ class StandInSetupMixin:
         self._init_tokenizer()
         self._init_dataloader()
         self._init_dump_executor()
-        self.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 2)
-        self.ref_in_actor = False
-        self.actor_rollout_wg = FakeActorWorkerGroup(dp_size=2)
-        self.actor_rollout_wg.trainer = self
-        if self.use_reference_policy:
-            self.ref_policy_wg = self.actor_rollout_wg
-        # Non-None handles: rewards are computed in the agent loop (streaming path), as on a cluster.
-        self.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=["in-process stand-in"])
-        self.teacher_model_manager = None
-        self.distillation_config = None
-        self.llm_server_manager = None
-        self.checkpoint_manager = FakeCheckpointManager()
+        actor_wg = FakeActorWorkerGroup(dp_size=2)
+        actor_wg.trainer = self
+        install_in_process_workers(
+            self,
+            n_gpus=2,
+            actor_wg=actor_wg,
+            reward_handle="in-process stand-in",
+            checkpoint_manager=FakeCheckpointManager(),
+        )
         self.checkpoint_manager.sleep_replicas()
         self._load_checkpoint()
 

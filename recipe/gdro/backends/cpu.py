@@ -29,13 +29,12 @@ import json
 import logging
 import os
 import time
-from types import SimpleNamespace
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.gdro.backends.cpu_rollout import CPUAgentLoopManager, CPURolloutServer
-from recipe.gdro.backends.cpu_workers import CPUActorWorkerGroup, CPUCheckpointEngine
+from recipe.gdro.backends.cpu_workers import CPUActorWorkerGroup, CPUCheckpointEngine, install_in_process_workers
 
 logger = logging.getLogger(__name__)
 
@@ -75,23 +74,20 @@ class CPUBackendMixin:
             pad_token_id=int(self.tokenizer.pad_token_id),
             seed=int(rollout_cfg.get("seed", 0)),
         )
-        self.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)  # throughput metrics per "device"
-        self.ref_in_actor = False
-        self.actor_rollout_wg = CPUActorWorkerGroup(
+        actor_wg = CPUActorWorkerGroup(
             self.config,
             model,
             pad_token_id=int(self.tokenizer.pad_token_id),
             server=self.cpu_server,
             use_reference=self.use_reference_policy,
         )
-        if self.use_reference_policy:
-            self.ref_policy_wg = self.actor_rollout_wg
-        # Non-None handles: rewards are computed inside the agent loop (verl's streaming reward path).
-        self.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=["in-process (CPUAgentLoopManager)"])
-        self.teacher_model_manager = None
-        self.distillation_config = None
-        self.llm_server_manager = None
-        self.checkpoint_manager = CPUCheckpointEngine(self.actor_rollout_wg, self.cpu_server)
+        install_in_process_workers(
+            self,
+            n_gpus=1,  # throughput metrics per "device"
+            actor_wg=actor_wg,
+            reward_handle="in-process (CPUAgentLoopManager)",
+            checkpoint_manager=CPUCheckpointEngine(actor_wg, self.cpu_server),
+        )
         self._load_checkpoint()
 
     def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):

@@ -20,6 +20,10 @@ They replace verl's ``RayWorkerGroup`` of FSDP/Megatron engine workers and its
   written in Hugging Face form under ``actor/huggingface`` (loadable with ``tinylm.load_model``);
 * :class:`CPUCheckpointEngine`: ``update_weights(step)`` copies the actor's weights into the rollout
   server's model, as verl's sync trainer does after every step.
+
+:class:`InProcessReplicas` and :func:`install_in_process_workers` are the parts of that replacement
+that do not depend on the model; the recipe tests' stand-ins (tests/recipe_helpers/standins.py) use
+them too.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import copy
 import os
 import random
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -256,7 +261,44 @@ class CPUActorWorkerGroup:
             self.server.generator.set_state(state["rng"]["rollout"])
 
 
-class CPUCheckpointEngine:
+class InProcessReplicas:
+    """The replica controls of verl's ``CheckpointEngineManager`` that its trainer calls around weight
+    syncs and generation, as no-ops: an in-process rollout has no separate replicas to put to sleep,
+    abort or resume."""
+
+    def sleep_replicas(self):
+        pass
+
+    def abort_replicas(self):
+        pass
+
+    def resume_generation_replicas(self):
+        pass
+
+
+def install_in_process_workers(
+    trainer, *, n_gpus: int, actor_wg, reward_handle: str, checkpoint_manager: InProcessReplicas
+) -> None:
+    """What ``PPOTrainer._setup`` builds on a cluster, set to in-process replacements.
+
+    ``actor_wg`` serves the actor and, when the run uses a reference policy, the reference too;
+    ``n_gpus`` is what throughput metrics divide by. The reward loop gets a non-None worker handle
+    (``reward_handle`` names it): rewards are computed inside the agent loop, verl's streaming reward
+    path, as on a cluster. No teacher, distillation or LLM server manager.
+    """
+    trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: n_gpus)
+    trainer.ref_in_actor = False
+    trainer.actor_rollout_wg = actor_wg
+    if trainer.use_reference_policy:
+        trainer.ref_policy_wg = actor_wg
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=[reward_handle])
+    trainer.teacher_model_manager = None
+    trainer.distillation_config = None
+    trainer.llm_server_manager = None
+    trainer.checkpoint_manager = checkpoint_manager
+
+
+class CPUCheckpointEngine(InProcessReplicas):
     """verl's ``CheckpointEngineManager`` on CPU: ``update_weights`` copies the actor's weights to the rollout."""
 
     def __init__(self, actor_wg: CPUActorWorkerGroup, server):
@@ -271,15 +313,6 @@ class CPUCheckpointEngine:
         self.server.load_weights(self.actor_wg.model.state_dict(), version)
         self.versions.append(version)
         self.sync_s += time.perf_counter() - start
-
-    def sleep_replicas(self):
-        pass
-
-    def abort_replicas(self):
-        pass
-
-    def resume_generation_replicas(self):
-        pass
 
 
 def actor_config_dict(config) -> dict:
