@@ -374,7 +374,11 @@ def main(argv=None) -> int:
         return 2
     config = DirectConfig(
         gdro=gdro,
-        **{f.name: getattr(args, f.name) for f in dataclasses.fields(DirectConfig) if f.name != "gdro" and hasattr(args, f.name)},
+        **{
+            f.name: getattr(args, f.name)
+            for f in dataclasses.fields(DirectConfig)
+            if f.name != "gdro" and hasattr(args, f.name)
+        },
     )
     try:
         warm_steps(config)
