@@ -14,6 +14,7 @@ changed protocol must take new seeds) and records the new ones before any of the
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,14 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
     for key in ("seeds", "lr_grid", "methods"):
         if not isinstance(tuning.get(key), list) or not tuning[key]:
             _fail(path, f"tuning.{key}", "must be a non-empty list")
+    # YAML 1.1 (PyYAML) reads 5e-5 (no dot) as a string: every lr is read as a number, or refused.
+    for i, lr in enumerate(tuning["lr_grid"]):
+        try:
+            tuning["lr_grid"][i] = float(lr)
+        except (TypeError, ValueError):
+            _fail(path, f"tuning.lr_grid[{i}]", f"{lr!r} is not a number")
+        if not (math.isfinite(tuning["lr_grid"][i]) and tuning["lr_grid"][i] > 0):
+            _fail(path, f"tuning.lr_grid[{i}]", f"{lr!r}: an lr must be a finite number > 0")
     for m in [*tuning["methods"], data["primary"].get("reference"), *data["primary"].get("methods", [])]:
         if m not in known:
             _fail(path, "methods", f"{m!r} is not in config/method/ ({', '.join(sorted(known))})")

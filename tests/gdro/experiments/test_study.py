@@ -88,6 +88,19 @@ def test_protocol_errors_name_the_key(tmp_path):
     assert study.main(["tune", "--protocol", str(tmp_path / "none.yaml"), "--results", str(tmp_path)]) == 2
 
 
+def test_lrs_written_without_a_dot_are_numbers(tmp_path):
+    """PyYAML reads ``5e-5`` as a string (YAML 1.1); the shipped grid is written so, and the tuning table
+    once failed on it after every run had finished."""
+    tuning = {"seeds": [100, 101], "methods": ["grpo", "rollout_gdro"]}
+    assert yaml.safe_load("[5e-5, 1.0e-4]") == ["5e-5", 1e-4]
+    path = _protocol(tmp_path, tuning={**tuning, "lr_grid": ["5e-5", 1e-4]})
+    assert load_protocol(path).tuning["lr_grid"] == [5e-5, 1e-4]
+    assert all(isinstance(lr, float) for lr in load_protocol().tuning["lr_grid"])
+    path = _protocol(tmp_path, tuning={**tuning, "lr_grid": ["fast"]})
+    with pytest.raises(ProtocolError, match=r"tuning.lr_grid\[0\]: 'fast' is not a number"):
+        load_protocol(path)
+
+
 def test_a_changed_protocol_cannot_reuse_spent_seeds(tmp_path):
     ledger = Ledger(tmp_path / "spent_seeds.yaml")
     ledger.path.write_text("# spent seeds\nspent: []\n")
