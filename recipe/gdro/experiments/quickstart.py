@@ -35,8 +35,8 @@ RUN_LABELS = {
     "rollout_gdro": "Rollout-GDRO",
     "joint_gdro": "GDRO (Prompt + Rollout, joint)",
 }
-# GRPO's tuned lr on the shipped base (docs/tiny_lm.md: direct loop, 100 steps of 64 x 4, lr grid
-# 1e-4 / 3e-4; 1e-4 kept). Every run of the quick start uses it, so the runs differ only in the adversaries.
+# GRPO's tuned lr on the shipped base: the tiny-LM study's tuning stage chose 1e-4 of 5e-5..4e-4 for
+# every method (results/tiny_lm_study/REPORT.md). Every quick-start run uses it: runs differ only in the adversaries.
 LR = 1e-4
 # Validation prompts (data_prep/arith.py --num_val): 1,000 so that the rise is well above the noise
 # of one sampled answer per prompt (SE about 0.016 at accuracy 0.5).
