@@ -170,7 +170,6 @@ def plan_seeds(
     laxer, so this is the conservative case.) The minimum detectable effect (MDE) at the chosen n
     is the effect with exactly ``target_power``.
     """
-    from scipy.optimize import brentq
 
     if not (sd >= 0 and math.isfinite(sd)):
         raise ValueError(f"sd={sd}: must be a finite number >= 0 (the per-seed SD of the paired differences)")
@@ -182,14 +181,23 @@ def plan_seeds(
     while paired_t_power(effect, sd, n, level) < target_power and n < max_seeds:
         n += 1
     power = paired_t_power(effect, sd, n, level)
-    if sd == 0:
-        mde = 0.0
-    else:
-        hi = sd
-        while paired_t_power(hi, sd, n, level) < target_power:
-            hi *= 2
-        mde = float(brentq(lambda e: paired_t_power(e, sd, n, level) - target_power, 0.0, hi, xtol=1e-9))
+    mde = minimum_detectable_effect(sd, n, level, target_power)
     return PowerPlan(n, effect, float(sd), family_size, alpha, power, mde, capped=power < target_power)
+
+
+def minimum_detectable_effect(sd: float, n: int, level: float, target_power: float = 0.8) -> float:
+    """The smallest effect the two-sided paired t at ``level`` detects with ``target_power`` on ``n``
+    seeds whose per-seed differences have SD ``sd`` (inf below 2 seeds)."""
+    from scipy.optimize import brentq
+
+    if n < 2:
+        return math.inf
+    if sd == 0:
+        return 0.0
+    hi = sd
+    while paired_t_power(hi, sd, n, level) < target_power:
+        hi *= 2
+    return float(brentq(lambda e: paired_t_power(e, sd, n, level) - target_power, 0.0, hi, xtol=1e-9))
 
 
 # ------------------------------------------------------------------------------------ censoring

@@ -17,6 +17,7 @@ from recipe.gdro.results.stats import (
     censored_budgets,
     check_equal_budgets,
     holm,
+    minimum_detectable_effect,
     paired_ci,
     paired_t_power,
     paired_t_pvalue,
@@ -78,6 +79,10 @@ def test_power_plan_matches_a_simulation_of_the_paired_t_after_holm():
     assert plan.power >= 0.8 > paired_t_power(plan.effect, 0.008, plan.n_seeds - 1, 0.05 / 3)
     assert paired_t_power(plan.mde, 0.008, plan.n_seeds, 0.05 / 3) == pytest.approx(0.8, abs=1e-6)
     assert plan.mde <= plan.effect
+    # the report's observed MDE is the same function at the evaluation seeds' SD
+    assert minimum_detectable_effect(0.008, plan.n_seeds, 0.05 / 3) == pytest.approx(plan.mde, abs=1e-9)
+    assert minimum_detectable_effect(0.016, plan.n_seeds, 0.05 / 3) > plan.mde
+    assert math.isinf(minimum_detectable_effect(0.008, 1, 0.05)) and minimum_detectable_effect(0.0, 3, 0.05) == 0
     rng = np.random.default_rng(0)
     trials, hits = 4000, 0
     for _ in range(trials):
