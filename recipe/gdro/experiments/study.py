@@ -252,14 +252,14 @@ BASELINE_TEMPERATURES = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5)
 def decoding_baseline(study: Study) -> dict[str, Any]:
     """The untrained base's exact metric on the validation prompts at each decoding temperature, and its
     best: one stored summary (stage ``baseline``), computed once and read back like a run."""
-    from recipe.gdro.tinylm.model import BASE_MODEL_DIR
+    from recipe.gdro.experiments.direct import DirectConfig
 
-    shape = study.p.shape
+    shape = DirectConfig(**study.p.shape)  # the runs' model and validation split, defaults included
     config = {
         "baseline": {
-            "model_path": portable_path(shape.get("model_path", BASE_MODEL_DIR)),
-            "num_val": int(shape.get("num_val", 1000)),
-            "data_seed": int(shape.get("data_seed", 0)),
+            "model_path": portable_path(shape.model_path),
+            "num_val": int(shape.num_val),
+            "data_seed": int(shape.data_seed),
             "temperatures": list(BASELINE_TEMPERATURES),
         }
     }
@@ -400,21 +400,31 @@ def _tuned_runs(study: Study, tuned: dict[str, float]) -> dict[tuple[str, int], 
     return {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("tune", jobs), strict=True)}
 
 
+def family_diffs(study: Study, runs: dict[tuple[str, int], dict[str, Any]], seeds) -> dict[str, list[float]]:
+    """The primary family's per-seed paired differences (method minus reference), one list per comparison."""
+    pr, th = study.p.primary, study.p.solvable
+    return {
+        f"{m} {name}": [metric(runs[(m, s)], name, th) - metric(runs[(pr["reference"], s)], name, th) for s in seeds]
+        for m in pr["methods"]
+        for name in pr["metrics"]
+    }
+
+
+def pooled_sd(diffs: dict[str, list[float]]) -> float:
+    """The per-seed SD of the paired differences, pooled over the family's comparisons (NaN below 2 seeds)."""
+    variances = [float(np.var(d, ddof=1)) if len(d) > 1 else math.nan for d in diffs.values()]
+    return float(np.sqrt(np.mean(variances)))
+
+
 def power_plan(study: Study, tuned: dict[str, float]):
     """The declared design, from the tuning seeds only (results/stats.py plan_seeds)."""
     pr = study.p.primary
     runs = _tuned_runs(study, tuned)
     seeds = study.p.tuning["seeds"]
     ref = pr["reference"]
-    th = study.p.solvable
-    variances = []
-    for m in pr["methods"]:
-        for name in pr["metrics"]:
-            d = [metric(runs[(m, s)], name, th) - metric(runs[(ref, s)], name, th) for s in seeds]
-            variances.append(float(np.var(d, ddof=1)) if len(d) > 1 else float("nan"))
-    if not np.all(np.isfinite(variances)):
+    sd = pooled_sd(family_diffs(study, runs, seeds))
+    if not math.isfinite(sd):
         raise ProtocolError(f"{study.p.path}: tuning.seeds: the power plan needs at least two tuning seeds")
-    sd = float(np.sqrt(np.mean(variances)))  # pooled over the family's comparisons
     gain = float(np.mean([runs[(ref, s)]["final_exact"] - runs[(ref, s)]["base_exact"] for s in seeds]))
     power = pr.get("power", {})
     plan = plan_seeds(
@@ -451,15 +461,11 @@ def primary(study: Study, tuned: dict[str, float]) -> str:
     runs = {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("primary", jobs), strict=True)}
     equal_budgets("primary", {s: {m: runs[(m, s)] for m in methods} for s in seeds})
     th, ref = study.p.solvable, pr["reference"]
-    diffs = {
-        f"{m} {name}": [metric(runs[(m, s)], name, th) - metric(runs[(ref, s)], name, th) for s in seeds]
-        for m in pr["methods"]
-        for name in pr["metrics"]
-    }
+    diffs = family_diffs(study, runs, seeds)
     table, _ = family_table(diffs, float(pr.get("alpha", 0.05)))
     # The plan's SD came from the tuning seeds; the same pooled SD on the evaluation seeds says what the
     # family could in fact detect (reported, never used to change the declared design).
-    observed_sd = float(np.sqrt(np.mean([np.var(d, ddof=1) for d in diffs.values()])))
+    observed_sd = pooled_sd(diffs)
     level = float(pr.get("alpha", 0.05)) / len(diffs)
     observed_mde = minimum_detectable_effect(
         observed_sd, len(seeds), level, float(pr.get("power", {}).get("target", 0.8))
