@@ -83,12 +83,14 @@ from recipe.gdro.results.metrics_io import (
     validation_pass_at_k,
 )
 from recipe.gdro.startup.checks import (
+    Checked,
     build_gdro_config,
     build_recipe_config,
     check_budget,
     check_supported_modes,
     check_train_prompt_ids,
     gdro_runs,
+    handed_over,
     prompt_ids_of_table,
 )
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
@@ -239,11 +241,23 @@ class GDROTrainerSync(PPOTrainerSync):
     """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring)."""
 
     def __init__(self, config: DictConfig):
+        """The GDRO config comes from ``config._gdro_checked``: the launch (``main_gdro``) checked the config
+        once before Ray and wrote what :func:`recipe.gdro.startup.checks.prepare` built there
+        (:func:`~recipe.gdro.startup.checks.hand_over`; plain data, because ``run_ppo`` hands the Ray
+        TaskRunner nothing but ``config``). Nothing is re-checked here. Built outside a launch (tests,
+        preflight), without that key, the trainer builds and checks the ``gdro`` section itself."""
         super().__init__(config)
-        self.gdro_config = build_gdro_config(config)
-        check_supported_modes(config, self.gdro_config)
-        check_budget(config, self.gdro_config)
-        self._gdro_runs = gdro_runs(config, self.gdro_config)
+        checked = handed_over(config)
+        if checked is None:
+            self.gdro_config = build_gdro_config(config)
+            check_supported_modes(config, self.gdro_config)
+            check_budget(config, self.gdro_config)
+            checked = Checked(
+                self.gdro_config, build_recipe_config(config).metrics_file, gdro_runs(config, self.gdro_config)
+            )
+        self.gdro_config = checked.gdro
+        self._gdro_metrics_file = checked.metrics_file
+        self._gdro_runs = checked.runs
         self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
@@ -267,7 +281,7 @@ class GDROTrainerSync(PPOTrainerSync):
         return self._gdro_runs
 
     def gdro_metrics_path(self) -> str | None:
-        name = build_recipe_config(self.config).metrics_file  # a recipe key (startup/recipe_config.py)
+        name = self._gdro_metrics_file  # a recipe key (startup/recipe_config.py)
         if not name:
             return None
         return os.path.join(self.config.trainer.default_local_dir, name)

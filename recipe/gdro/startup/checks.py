@@ -40,10 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
-from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
+from verl_ext import (
+    GDROConfig,
+    GDROConfigError,
+    PromptIdError,
+    check_prompt_ids,
+    gdro_config_from_dict,
+    gdro_config_to_dict,
+)
 
 SUPPORTED_TRAINER_MODE = "sync"
 
@@ -1047,7 +1054,47 @@ def prepare(
     )
 
 
+# --------------------------------------------------------------------------------------- handed over
+CHECKED_KEY = "_gdro_checked"  # private top-level key of the launch config: what prepare() built, as plain data
+
+
+@dataclass
+class Checked:
+    """What the trainer needs of a checked launch: the GDRO config, the metrics file, whether GDRO runs."""
+
+    gdro: GDROConfig
+    metrics_file: str
+    runs: bool
+
+
+def hand_over(config: DictConfig, prepared: Prepared) -> DictConfig:
+    """Write what :func:`prepare` built into ``config[CHECKED_KEY]`` (plain, picklable data), so the trainer,
+    built from ``config`` inside verl's Ray TaskRunner (``run_ppo`` passes nothing else), uses it as is."""
+    with open_dict(config):
+        config[CHECKED_KEY] = {
+            "gdro": gdro_config_to_dict(prepared.gdro),
+            "metrics_file": prepared.recipe.metrics_file,
+            "runs": gdro_runs(config, prepared.gdro),
+        }
+    return config
+
+
+def handed_over(config: DictConfig) -> Optional[Checked]:
+    """The :class:`Checked` a launch wrote with :func:`hand_over`, or None (a trainer built outside a launch).
+
+    The dict is the checked config's own ``gdro_config_to_dict``; ``gdro_config_from_dict`` converts it back."""
+    section = config.get(CHECKED_KEY, None)
+    if section is None:
+        return None
+    data = OmegaConf.to_container(section, resolve=True)
+    return Checked(gdro=gdro_config_from_dict(data["gdro"]), metrics_file=data["metrics_file"], runs=data["runs"])
+
+
 __all__ = [
+    "CHECKED_KEY",
+    "Checked",
+    "hand_over",
+    "handed_over",
     "GDROConfigError",
     "GDRORecipeError",
     "Prepared",
