@@ -72,6 +72,7 @@ def check_launch(config: DictConfig, *, stderr=None):
         return 2
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
+    import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
     try:
@@ -119,7 +120,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     from recipe.gdro.backends.cpu import is_cpu_backend
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
-        from recipe.gdro.backends.cpu import run_cpu
+        from recipe.gdro.task_runner import run_cpu
 
         run_cpu(config)
         return 0

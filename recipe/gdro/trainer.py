@@ -83,6 +83,8 @@ from recipe.gdro.results.metrics_io import (
     validation_pass_at_k,
 )
 from recipe.gdro.startup.checks import (
+    GDRO_TRAINER_MODE,
+    SUPPORTED_TRAINER_MODE,
     Checked,
     build_gdro_config,
     build_recipe_config,
@@ -238,7 +240,22 @@ def _scaled_advantages(hook: Callable[[Any, list[str]], None]) -> Iterator[None]
 
 
 class GDROTrainerSync(PPOTrainerSync):
-    """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring)."""
+    """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring).
+
+    Registered in verl's trainer registry as ``gdro_sync`` (the recipe's ``trainer.v1.trainer_mode``) when this
+    module is imported; the Ray TaskRunner's module (recipe.gdro.task_runner) imports it, so every process that
+    looks the key up has it."""
+
+    @property
+    def trainer_mode(self) -> str:
+        """verl's mode whose loop this trainer runs: ``sync``. verl's base class branches on
+        ``self.trainer_mode == "sync"`` (replay buffer, refill, checkpoint) and reads ``trainer.v1.sync``;
+        the config's ``trainer.v1.trainer_mode`` holds the registry key (``gdro_sync``) instead."""
+        return SUPPORTED_TRAINER_MODE
+
+    @trainer_mode.setter
+    def trainer_mode(self, key: str) -> None:
+        self.trainer_key = key  # PPOTrainer.__init__ assigns trainer.v1.trainer_mode, the registry key
 
     def __init__(self, config: DictConfig):
         """The GDRO config comes from ``config._gdro_checked``: the launch (``main_gdro``) checked the config
@@ -761,3 +778,9 @@ class GDROTrainerSync(PPOTrainerSync):
                     "GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path
                 )
         logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)
+
+
+# verl's registry (verl.trainer.ppo.v1.register_trainer): the recipe's trainer under its own key ("sync" is
+# PPOTrainerSync's). Guarded: importing this module again (a reload) keeps the first registration.
+if GDRO_TRAINER_MODE not in verl_trainer_base.TRAINER_REGISTRY:
+    verl_trainer_base.register_trainer(GDRO_TRAINER_MODE)(GDROTrainerSync)
