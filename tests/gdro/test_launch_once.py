@@ -110,3 +110,69 @@ def test_a_refused_launch_exits_2_naming_it_before_run_ppo(launch_argv, monkeypa
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert launched == [] and not Path("outputs").exists()
+
+
+# ----------------------------------------------------------------------------------- verl's trainer registry
+def test_the_trainer_is_verls_registry_entry_for_the_recipes_key():
+    from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
+
+    from recipe.gdro import task_runner as TR
+    from recipe.gdro.backends.cpu import CPUBackendMixin, prepare_cpu_config
+    from recipe.gdro.startup.cli import compose_config
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    config = compose_config([])
+    assert config.trainer.v1.trainer_mode == checks.GDRO_TRAINER_MODE == "gdro_sync"
+    assert get_trainer_cls("gdro_sync") is GDROTrainerSync is TR.select_trainer_cls(config)
+    assert get_trainer_cls("sync") is PPOTrainerSync  # verl's own key is untouched
+    cpu = prepare_cpu_config(compose_config(["gdro.backend=cpu"]))
+    assert cpu.trainer.v1.trainer_mode == "gdro_sync_cpu"
+    cls = get_trainer_cls("gdro_sync_cpu")
+    assert issubclass(cls, CPUBackendMixin) and issubclass(cls, GDROTrainerSync)
+    assert prepare_cpu_config(cpu).trainer.v1.trainer_mode == "gdro_sync_cpu"  # idempotent, registered once
+    assert get_trainer_cls("gdro_sync_cpu") is cls
+    verl_cpu = get_trainer_cls(
+        prepare_cpu_config(compose_config(["trainer.v1.trainer_mode=sync"])).trainer.v1.trainer_mode
+    )
+    assert issubclass(verl_cpu, PPOTrainerSync) and not issubclass(verl_cpu, GDROTrainerSync)
+
+
+def test_the_gdro_trainer_runs_verls_sync_loop(launch_argv, monkeypatch):
+    """verl's base class branches on ``self.trainer_mode == "sync"`` (replay buffer, refill, resume): the GDRO
+    trainer reports verl's mode, reads ``trainer.v1.sync`` and keeps the registry key it was selected by."""
+    import verl.trainer.main_ppo as verl_main
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from recipe.gdro.trainer import GDROTrainerSync
+
+    launched = []
+    monkeypatch.setattr(verl_main, "run_ppo", lambda config, task_runner_class: launched.append(config))
+    assert main_gdro.entry(launch_argv) == 0
+    trainer = GDROTrainerSync(launched[0])
+    assert trainer.trainer_mode == "sync" and trainer.trainer_key == "gdro_sync"
+    assert type(trainer.replay_buffer) is ReplayBuffer
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_verls_own_trainers_are_refused_with_an_adversary_on(mode):
+    from recipe.gdro.startup.cli import compose_config
+
+    config = compose_config(["gdro.rollout.enable=true", f"trainer.v1.trainer_mode={mode}"])
+    with pytest.raises(checks.GDRORecipeError, match=rf"trainer\.v1\.trainer_mode='{mode}' .*gdro_sync"):
+        checks.check_supported_modes(config, checks.build_gdro_config(config))
+    off = compose_config([f"trainer.v1.trainer_mode={mode}"])
+    checks.check_supported_modes(off, checks.build_gdro_config(off))  # GDRO off: verl's business
+    assert not checks.observes_only(off, checks.build_gdro_config(off))  # verl's trainer: no binner
+
+
+def test_the_cpu_backend_imports_nothing_above_it():
+    import ast
+
+    for path in (Path(main_gdro.__file__).parent / "backends").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                if name.startswith("recipe.gdro."):
+                    assert name.split(".")[2] in ("backends", "startup", "tinylm"), (path.name, name)
