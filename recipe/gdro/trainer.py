@@ -36,7 +36,7 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
-``_setup``
+``on_init_end`` (verl's public hook)
     after verl builds its workers and the checkpoint-engine manager, bounds each weight sync
     (actor -> rollout replicas) by ``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (default 900): a sync that
     does not finish ends the run with :class:`WeightSyncTimeout` naming the cause to look for,
@@ -287,9 +287,10 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time = 0.0
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
 
-    def _setup(self):
-        super()._setup()
+    def on_init_end(self):
+        """verl's public hook after ``_setup``: bound every weight sync, then verl's first sync."""
         bounded_weight_sync(self.checkpoint_manager, weight_sync_timeout())
+        super().on_init_end()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -325,6 +326,7 @@ class GDROTrainerSync(PPOTrainerSync):
 
     # ------------------------------------------------------------------ overrides
     def _init_dataloader(self):
+        """No public verl hook sees the datasets before training: this override builds the controller."""
         super()._init_dataloader()
         if not self.gdro_enabled:
             return
@@ -347,6 +349,7 @@ class GDROTrainerSync(PPOTrainerSync):
         )
 
     def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
+        """No public verl hook sees a fetched batch before rollout (``on_sample_*`` come after it)."""
         batch = super()._next_train_batch(num_prompts)
         if not self.gdro_enabled:
             return batch
@@ -493,7 +496,8 @@ class GDROTrainerSync(PPOTrainerSync):
         return failed_sessions + int(sum(lost)), len(lost)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it.
+        """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it (no
+        public verl hook runs inside the advantage stage).
 
         verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage of each session's final
         output, broadcast over its tokens) is wrapped for the duration of this call. Right after it
@@ -650,6 +654,7 @@ class GDROTrainerSync(PPOTrainerSync):
         metrics.update({k: v for k, v in step_metrics.items() if math.isfinite(v)})
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        """No public verl hook receives the step's metrics (``on_step_end`` runs before they are computed)."""
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         if not self.gdro_enabled or not self._gdro_step_metrics:
             return
@@ -662,6 +667,7 @@ class GDROTrainerSync(PPOTrainerSync):
     def _val_metrics_update(
         self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=None
     ) -> dict[str, float]:
+        """No public verl hook receives validation's per-sample records (``on_validate_end`` gets nothing)."""
         metrics = super()._val_metrics_update(
             data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
         )
@@ -674,7 +680,8 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
-        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``)."""
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``). No public
+        verl hook receives the validation metrics (``on_validate_end`` gets nothing)."""
         self._gdro_val_extra = {}
         val_metrics = super()._validate()
         path = self.gdro_metrics_path() if self.gdro_enabled else None
