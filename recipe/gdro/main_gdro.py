@@ -27,6 +27,11 @@ that cannot be created; what verl's own validation refuses). A real launch runs 
 (plus a writable checkpoint folder, a local model folder, a Ray cluster for several nodes) before
 Hydra's job runtime starts, so a refused launch leaves no ``outputs/`` folder. 1 only for a defect
 of a check itself.
+
+A launch checks once: :func:`entry` checks, Hydra's :func:`main` runs that checked config, and
+:func:`run_from_config` writes what ``prepare`` built into ``config._gdro_checked``
+(:func:`recipe.gdro.startup.checks.hand_over`), which the trainer, built inside verl's Ray TaskRunner from
+``config`` alone, takes as is.
 """
 
 from __future__ import annotations
