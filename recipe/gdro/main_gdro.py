@@ -27,6 +27,11 @@ that cannot be created; what verl's own validation refuses). A real launch runs 
 (plus a writable checkpoint folder, a local model folder, a Ray cluster for several nodes) before
 Hydra's job runtime starts, so a refused launch leaves no ``outputs/`` folder. 1 only for a defect
 of a check itself.
+
+A launch checks once: :func:`entry` checks, Hydra's :func:`main` runs that checked config, and
+:func:`run_from_config` writes what ``prepare`` built into ``config._gdro_checked``
+(:func:`recipe.gdro.startup.checks.hand_over`), which the trainer, built inside verl's Ray TaskRunner from
+``config`` alone, takes as is.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE
-from recipe.gdro.startup.checks import DATA_LISTED, DATA_REQUIRED, GDRORecipeError, prepare
+from recipe.gdro.startup.checks import DATA_LISTED, DATA_REQUIRED, GDRORecipeError, hand_over, prepare
 from recipe.gdro.startup.cli import (
     CONFIG_NAME,
     DRY_RUN_CONFIG_ONLY,
@@ -72,6 +77,7 @@ def check_launch(config: DictConfig, *, stderr=None):
         return 2
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
+    import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
     try:
@@ -96,10 +102,13 @@ def check_launch(config: DictConfig, *, stderr=None):
     return mode, prepared, cluster_lines
 
 
-def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
-    """Check ``config``; on a dry run print the plan, otherwise train. Returns the exit status."""
+def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=None) -> int:
+    """Check ``config`` (unless ``checked``, what :func:`check_launch` returned for it, is given); on a dry
+    run print the plan, otherwise hand the checked result to the trainer (``hand_over``) and train.
+    Returns the exit status."""
     stdout = stdout or sys.stdout
-    checked = check_launch(config, stderr=stderr)
+    if checked is None:
+        checked = check_launch(config, stderr=stderr)
     if isinstance(checked, int):
         return checked
     mode, prepared, cluster_lines = checked
@@ -111,11 +120,12 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None) -> int:
     print("\n".join(cluster_lines), file=stdout, flush=True)
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
+    hand_over(config, prepared)  # the trainer uses what was checked here; nothing re-checks it
 
     from recipe.gdro.backends.cpu import is_cpu_backend
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
-        from recipe.gdro.backends.cpu import run_cpu
+        from recipe.gdro.task_runner import run_cpu
 
         run_cpu(config)
         return 0
@@ -151,9 +161,19 @@ def _find_cause(error: BaseException, cls: type) -> Optional[BaseException]:
     return None
 
 
+# The launch entry() composed and checked, for @hydra.main to run: Hydra's main supplies the job runtime
+# (working folder, logging) and composes the same overrides again; its copy lacks what the checks set
+# (the cluster's runtime_env, the CPU backend's settings), so the checked config is the one that runs.
+_CHECKED_LAUNCH: list = []
+
+
 @hydra.main(config_path="config", config_name=CONFIG_NAME, version_base=None)
 def main(config: DictConfig) -> None:
-    status = run_from_config(config)
+    if _CHECKED_LAUNCH:  # entry() checked this launch before Hydra's job runtime: run that, check nothing again
+        checked_config, checked = _CHECKED_LAUNCH.pop()
+        status = run_from_config(checked_config, checked=checked)
+    else:  # Hydra's own flags (--cfg, --multirun, ...): this is the launch's one check
+        status = run_from_config(config)
     if status:
         sys.exit(status)
 
@@ -198,8 +218,12 @@ def entry(argv: Optional[Sequence[str]] = None) -> int:
     checked = check_launch(config)  # refused before Hydra's job runtime: no outputs/ folder is left
     if isinstance(checked, int):
         return checked
+    _CHECKED_LAUNCH[:] = [(config, checked)]
     sys.argv = [sys.argv[0], *argv]
-    main()
+    try:
+        main()
+    finally:
+        _CHECKED_LAUNCH.clear()
     return 0
 
 

@@ -16,70 +16,48 @@
 # Adapted from verl 0.9.1's TaskRunnerV1 (verl/trainer/main_ppo.py).
 """The recipe's Ray TaskRunner, modelled on verl 0.9.1's ``TaskRunnerV1`` (verl/trainer/main_ppo.py).
 
-The only difference is the trainer class: ``trainer.v1.trainer_mode=sync`` runs
-:class:`recipe.gdro.trainer.GDROTrainerSync`; the other v1 modes (allowed only with both GDRO
-adversaries disabled, see :func:`recipe.gdro.startup.checks.check_supported_modes`) run verl's own class.
-It lives in its own module (not ``__main__``) so Ray workers import it by reference.
+The trainer is verl's own choice, ``get_trainer_cls(trainer.v1.trainer_mode)``: the recipe's default key
+``gdro_sync`` is :class:`recipe.gdro.trainer.GDROTrainerSync`, registered by importing that module (done
+here, so the Ray actor has it); verl's keys run verl's trainers (allowed only with both GDRO adversaries
+disabled, see :func:`recipe.gdro.startup.checks.check_supported_modes`). :meth:`GDROTaskRunner.run` is the
+one run of both backends: what differs is a backend object's hooks (:class:`VerlBackend` here, the Ray actor
+``run_ppo`` starts; ``recipe.gdro.backends.cpu.CPUBackend`` in-process). It lives in its own module (not
+``__main__``) so Ray workers import it by reference.
 """
 
 from __future__ import annotations
 
+import os
 from pprint import pprint
 
 import ray
+import torch
 from omegaconf import DictConfig, OmegaConf
+
+import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry
 
 
 def select_trainer_cls(config: DictConfig):
-    """The trainer class for ``trainer.v1.trainer_mode``: GDRO's for sync, verl's otherwise."""
-    mode = config.trainer.v1.trainer_mode
-    if mode == "sync":
-        from recipe.gdro.trainer import GDROTrainerSync
-
-        return GDROTrainerSync
+    """verl's registry lookup of ``trainer.v1.trainer_mode`` (what verl's TaskRunnerV1 does)."""
     from verl.trainer.ppo.v1 import get_trainer_cls
 
-    return get_trainer_cls(mode)
+    return get_trainer_cls(config.trainer.v1.trainer_mode)
 
 
-class GDROTaskRunner:
-    """Builds the trainer and the agent loop manager inside Ray and runs ``fit``."""
+class VerlBackend:
+    """The hooks of :meth:`GDROTaskRunner.run` on verl's path (a Ray actor, verl's workers): verl's TaskRunnerV1."""
 
-    def __init__(self):
-        self.config = None
-        self.trainer = None
-        self.agent_loop_manager = None
+    own_transfer_queue = True
 
-    def init_agent_loop_manager(self):
-        """Same as verl's TaskRunnerV1: ``rollout.agent.agent_loop_manager_class`` or AgentLoopManagerTQ."""
-        from verl.trainer.ppo.v1 import AgentLoopManagerTQ
-        from verl.utils.import_utils import load_class_from_fqn
+    def trainer_cls(self, cls):
+        return cls
 
-        manager_class_fqn = self.config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
-        if manager_class_fqn:
-            agent_loop_manager_cls = load_class_from_fqn(manager_class_fqn, "AgentLoopManager")
-        else:
-            agent_loop_manager_cls = AgentLoopManagerTQ
-        self.agent_loop_manager = agent_loop_manager_cls.create(
-            config=self.config,
-            llm_client=self.trainer.get_llm_client(),
-            teacher_client=self.trainer.get_teacher_client(),
-            reward_loop_worker_handles=self.trainer.get_reward_handles(),
-        )
-
-    def run(self, config: DictConfig):
-        import transfer_queue as tq
-        from verl.utils.logging_utils import configure_verl_logging
-
-        configure_verl_logging()
-        trainer_cls = select_trainer_cls(config)
-        config.transfer_queue.enable = True
+    def show_config(self, config: DictConfig) -> None:
         pprint(OmegaConf.to_container(config, resolve=True))
-        OmegaConf.resolve(config)
-        self.config = config
 
-        # TransferQueue places one 1-CPU actor per storage unit and verl's resource pool 3 CPUs per GPU: refuse
-        # a layout this Ray cluster cannot place, rather than waiting forever (cluster.check_transfer_queue_cpus).
+    def check_cluster(self, config: DictConfig) -> None:
+        """TransferQueue places one 1-CPU actor per storage unit and verl's resource pool 3 CPUs per GPU: refuse
+        a layout this Ray cluster cannot place, rather than waiting forever (cluster.check_transfer_queue_cpus)."""
         from recipe.gdro.startup.cluster import check_transfer_queue_cpus
 
         in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
@@ -87,22 +65,113 @@ class GDROTaskRunner:
         check_transfer_queue_cpus(
             config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0, node_resources=nodes
         )
-        tq.init(config.transfer_queue)
+
+    def agent_loop_manager(self, config: DictConfig, trainer):
+        """Same as verl's TaskRunnerV1: ``rollout.agent.agent_loop_manager_class`` or AgentLoopManagerTQ."""
+        from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+        from verl.utils.import_utils import load_class_from_fqn
+
+        manager_class_fqn = config.actor_rollout_ref.rollout.get("agent", {}).get("agent_loop_manager_class")
+        if manager_class_fqn:
+            agent_loop_manager_cls = load_class_from_fqn(manager_class_fqn, "AgentLoopManager")
+        else:
+            agent_loop_manager_cls = AgentLoopManagerTQ
+        return agent_loop_manager_cls.create(
+            config=config,
+            llm_client=trainer.get_llm_client(),
+            teacher_client=trainer.get_teacher_client(),
+            reward_loop_worker_handles=trainer.get_reward_handles(),
+        )
+
+    def before_fit(self, runner) -> None:
+        return
+
+    def after_fit(self, runner, fit_seconds: float) -> None:
+        return
+
+    def close(self, runner) -> None:
+        return
+
+
+class GDROTaskRunner:
+    """Builds the trainer and the agent loop manager and runs ``fit`` (inside Ray on verl's path)."""
+
+    def __init__(self, backend=None):
+        self.backend = backend if backend is not None else VerlBackend()
+        self.config = None
+        self.trainer = None
+        self.agent_loop_manager = None
+
+    def init_agent_loop_manager(self):
+        self.agent_loop_manager = self.backend.agent_loop_manager(self.config, self.trainer)
+
+    def run(self, config: DictConfig):
+        """verl's TaskRunnerV1.run, with the backend's hooks; returns the trainer."""
+        import time
+
+        import transfer_queue as tq
+        from verl.utils.logging_utils import configure_verl_logging
+
+        backend = self.backend
+        configure_verl_logging()
+        trainer_cls = backend.trainer_cls(select_trainer_cls(config))
+        config.transfer_queue.enable = True
+        backend.show_config(config)
+        OmegaConf.resolve(config)
+        self.config = config
+        backend.check_cluster(config)
+        if backend.own_transfer_queue:
+            tq.init(config.transfer_queue)
         succeeded = False
         try:
             self.trainer = trainer_cls(config=config)
             self.trainer.init()
             self.init_agent_loop_manager()
+            backend.before_fit(self)
+            start = time.perf_counter()
             self.trainer.fit(self.agent_loop_manager)
             succeeded = True
+            backend.after_fit(self, time.perf_counter() - start)
         finally:
             try:
                 tracking = getattr(self.trainer, "logger", None)
                 if tracking is not None:
                     tracking.finish(exit_code=0 if succeeded else 1)
+                backend.close(self)
             finally:
-                tq.close()
+                if backend.own_transfer_queue:
+                    tq.close()
+        return self.trainer
 
 
 # The Ray actor verl's run_ppo starts (TaskRunnerV1 is declared the same way).
 GDROTaskRunnerActor = ray.remote(GDROTaskRunner)
+
+RAY_CPUS = 2
+
+
+def run_cpu(
+    config: DictConfig, trainer_mixins: tuple = (), agent_loop_options: dict | None = None, freeze_gc: bool = True
+):
+    """``gdro.backend=cpu``: start Ray (2 CPUs; TransferQueue needs it) and run :class:`GDROTaskRunner` in
+    this process with the CPU backend's hooks; returns the trainer. ``agent_loop_options`` (keyword arguments
+    of ``CPUAgentLoopManager``) and ``freeze_gc`` exist for the benchmark's baseline."""
+    from recipe.gdro.backends.cpu import CPUBackend, prepare_cpu_config
+
+    prepare_cpu_config(config)
+    # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
+    # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
+    torch.set_num_threads(int(os.environ.get("GDRO_CPU_THREADS", "1")))
+    started = False
+    if not ray.is_initialized():
+        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+        started = True
+        from verl_ext.interrupt import reinstall
+
+        reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
+    try:
+        backend = CPUBackend(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc)
+        return GDROTaskRunner(backend).run(config)
+    finally:
+        if started:
+            ray.shutdown()

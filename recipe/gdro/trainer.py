@@ -36,7 +36,7 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
-``_setup``
+``on_init_end`` (verl's public hook)
     after verl builds its workers and the checkpoint-engine manager, bounds each weight sync
     (actor -> rollout replicas) by ``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (default 900): a sync that
     does not finish ends the run with :class:`WeightSyncTimeout` naming the cause to look for,
@@ -83,12 +83,16 @@ from recipe.gdro.results.metrics_io import (
     validation_pass_at_k,
 )
 from recipe.gdro.startup.checks import (
+    GDRO_TRAINER_MODE,
+    SUPPORTED_TRAINER_MODE,
+    Checked,
     build_gdro_config,
     build_recipe_config,
     check_budget,
     check_supported_modes,
     check_train_prompt_ids,
     gdro_runs,
+    handed_over,
     prompt_ids_of_table,
 )
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
@@ -236,14 +240,41 @@ def _scaled_advantages(hook: Callable[[Any, list[str]], None]) -> Iterator[None]
 
 
 class GDROTrainerSync(PPOTrainerSync):
-    """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring)."""
+    """verl's synchronous v1 trainer driving a :class:`verl_ext.GDROController` (see module docstring).
+
+    Registered in verl's trainer registry as ``gdro_sync`` (the recipe's ``trainer.v1.trainer_mode``) when this
+    module is imported; the Ray TaskRunner's module (recipe.gdro.task_runner) imports it, so every process that
+    looks the key up has it."""
+
+    @property
+    def trainer_mode(self) -> str:
+        """verl's mode whose loop this trainer runs: ``sync``. verl's base class branches on
+        ``self.trainer_mode == "sync"`` (replay buffer, refill, checkpoint) and reads ``trainer.v1.sync``;
+        the config's ``trainer.v1.trainer_mode`` holds the registry key (``gdro_sync``) instead."""
+        return SUPPORTED_TRAINER_MODE
+
+    @trainer_mode.setter
+    def trainer_mode(self, key: str) -> None:
+        self.trainer_key = key  # PPOTrainer.__init__ assigns trainer.v1.trainer_mode, the registry key
 
     def __init__(self, config: DictConfig):
+        """The GDRO config comes from ``config._gdro_checked``: the launch (``main_gdro``) checked the config
+        once before Ray and wrote what :func:`recipe.gdro.startup.checks.prepare` built there
+        (:func:`~recipe.gdro.startup.checks.hand_over`; plain data, because ``run_ppo`` hands the Ray
+        TaskRunner nothing but ``config``). Nothing is re-checked here. Built outside a launch (tests,
+        preflight), without that key, the trainer builds and checks the ``gdro`` section itself."""
         super().__init__(config)
-        self.gdro_config = build_gdro_config(config)
-        check_supported_modes(config, self.gdro_config)
-        check_budget(config, self.gdro_config)
-        self._gdro_runs = gdro_runs(config, self.gdro_config)
+        checked = handed_over(config)
+        if checked is None:
+            self.gdro_config = build_gdro_config(config)
+            check_supported_modes(config, self.gdro_config)
+            check_budget(config, self.gdro_config)
+            checked = Checked(
+                self.gdro_config, build_recipe_config(config).metrics_file, gdro_runs(config, self.gdro_config)
+            )
+        self.gdro_config = checked.gdro
+        self._gdro_metrics_file = checked.metrics_file
+        self._gdro_runs = checked.runs
         self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
@@ -256,9 +287,10 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time = 0.0
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
 
-    def _setup(self):
-        super()._setup()
+    def on_init_end(self):
+        """verl's public hook after ``_setup``: bound every weight sync, then verl's first sync."""
         bounded_weight_sync(self.checkpoint_manager, weight_sync_timeout())
+        super().on_init_end()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -267,7 +299,7 @@ class GDROTrainerSync(PPOTrainerSync):
         return self._gdro_runs
 
     def gdro_metrics_path(self) -> str | None:
-        name = build_recipe_config(self.config).metrics_file  # a recipe key (startup/recipe_config.py)
+        name = self._gdro_metrics_file  # a recipe key (startup/recipe_config.py)
         if not name:
             return None
         return os.path.join(self.config.trainer.default_local_dir, name)
@@ -294,6 +326,7 @@ class GDROTrainerSync(PPOTrainerSync):
 
     # ------------------------------------------------------------------ overrides
     def _init_dataloader(self):
+        """No public verl hook sees the datasets before training: this override builds the controller."""
         super()._init_dataloader()
         if not self.gdro_enabled:
             return
@@ -316,6 +349,7 @@ class GDROTrainerSync(PPOTrainerSync):
         )
 
     def _next_train_batch(self, num_prompts: int | None = None) -> TensorDict:
+        """No public verl hook sees a fetched batch before rollout (``on_sample_*`` come after it)."""
         batch = super()._next_train_batch(num_prompts)
         if not self.gdro_enabled:
             return batch
@@ -462,7 +496,8 @@ class GDROTrainerSync(PPOTrainerSync):
         return failed_sessions + int(sum(lost)), len(lost)
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it.
+        """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it (no
+        public verl hook runs inside the advantage stage).
 
         verl's ``compute_advantage_for_multi_trajectories`` (the GRPO advantage of each session's final
         output, broadcast over its tokens) is wrapped for the duration of this call. Right after it
@@ -619,6 +654,7 @@ class GDROTrainerSync(PPOTrainerSync):
         metrics.update({k: v for k, v in step_metrics.items() if math.isfinite(v)})
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        """No public verl hook receives the step's metrics (``on_step_end`` runs before they are computed)."""
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         if not self.gdro_enabled or not self._gdro_step_metrics:
             return
@@ -631,6 +667,7 @@ class GDROTrainerSync(PPOTrainerSync):
     def _val_metrics_update(
         self, data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=None
     ) -> dict[str, float]:
+        """No public verl hook receives validation's per-sample records (``on_validate_end`` gets nothing)."""
         metrics = super()._val_metrics_update(
             data_sources, sample_uids, reward_extra_infos_dict, sample_turns, expected_acc_counts=expected_acc_counts
         )
@@ -643,7 +680,8 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
-        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``)."""
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``). No public
+        verl hook receives the validation metrics (``on_validate_end`` gets nothing)."""
         self._gdro_val_extra = {}
         val_metrics = super()._validate()
         path = self.gdro_metrics_path() if self.gdro_enabled else None
@@ -747,3 +785,9 @@ class GDROTrainerSync(PPOTrainerSync):
                     "GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path
                 )
         logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)
+
+
+# verl's registry (verl.trainer.ppo.v1.register_trainer): the recipe's trainer under its own key ("sync" is
+# PPOTrainerSync's). Guarded: importing this module again (a reload) keeps the first registration.
+if GDRO_TRAINER_MODE not in verl_trainer_base.TRAINER_REGISTRY:
+    verl_trainer_base.register_trainer(GDRO_TRAINER_MODE)(GDROTrainerSync)

@@ -358,7 +358,7 @@ def test_disabled_gdro_is_plain_verl_grpo(tq_session, tmp_path_factory, tokenize
 
     runs = {}
     variants = (
-        ("plain", PPOTrainerSync, []),
+        ("plain", PPOTrainerSync, ["trainer.v1.trainer_mode=sync"]),  # verl's own registry key
         ("observe", GDROTrainerSync, []),
         ("blind", GDROTrainerSync, ["gdro.observe=false"]),
     )

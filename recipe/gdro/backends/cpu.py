@@ -1,10 +1,11 @@
 """The CPU backend (``gdro.backend=cpu``): verl 0.9.1's v1 loop training the tiny LM on CPU.
 
-``python -m recipe.gdro.main_gdro gdro.backend=cpu ...`` runs :func:`run_cpu` instead of verl's
-``run_ppo``: Ray is started with 2 CPUs (TransferQueue needs it; with one SimpleStorage unit,
-a 2-CPU Ray hangs ``tq.init`` otherwise), and :class:`CPUTaskRunner` (modelled on
-``recipe.gdro.task_runner.GDROTaskRunner``) builds the recipe's trainer in this process with
-:class:`CPUBackendMixin` in front of it and runs verl's ``fit``.
+``python -m recipe.gdro.main_gdro gdro.backend=cpu ...`` runs ``recipe.gdro.task_runner.run_cpu`` instead
+of verl's ``run_ppo``: Ray is started with 2 CPUs (TransferQueue needs it; with one SimpleStorage unit,
+a 2-CPU Ray hangs ``tq.init`` otherwise), and the recipe's one ``GDROTaskRunner.run`` with this module's
+:class:`CPUBackend` hooks builds the trainer registered as ``<trainer.v1.trainer_mode>_cpu`` (the recipe's
+or verl's class with :class:`CPUBackendMixin` in front, :func:`register_cpu_trainer`) in this process and
+runs verl's ``fit``.
 
 What runs for real: ``PPOTrainerSync.fit`` / ``step`` (and the recipe's ``GDROTrainerSync``
 overrides), verl's dataset / dataloader and tokenizer loading, TransferQueue, the replay buffer,
@@ -28,17 +29,16 @@ import gc
 import json
 import logging
 import os
-import time
 
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recipe.gdro.backends.cpu_rollout import CPUAgentLoopManager, CPURolloutServer
 from recipe.gdro.backends.cpu_workers import CPUActorWorkerGroup, CPUCheckpointEngine, install_in_process_workers
+from recipe.gdro.startup.checks import CPU_MODE_SUFFIX
 
 logger = logging.getLogger(__name__)
 
-RAY_CPUS = 2
 STATS_FILE = "cpu_backend_stats.json"
 
 
@@ -99,114 +99,93 @@ class CPUBackendMixin:
         return batch
 
 
-def cpu_trainer_cls(base):
-    """``base`` (the recipe's or verl's trainer class) on the CPU backend."""
-    return type(f"CPU{base.__name__}", (CPUBackendMixin, base), {})
+def register_cpu_trainer(key: str) -> str:
+    """Register ``<key>_cpu`` in verl's trainer registry: the trainer registered as ``key`` on the CPU stand-ins.
+
+    The base class is looked up in verl's registry (``recipe.gdro.trainer`` registers ``gdro_sync`` when it
+    is imported), so this package imports nothing above it. Guarded: a key already registered is kept."""
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, get_trainer_cls, register_trainer
+
+    cpu_key = key if key.endswith(CPU_MODE_SUFFIX) else key + CPU_MODE_SUFFIX
+    if cpu_key not in TRAINER_REGISTRY:
+        base_key = cpu_key.removesuffix(CPU_MODE_SUFFIX)
+        base = get_trainer_cls(base_key)
+        attrs = {}
+        if not isinstance(getattr(base, "trainer_mode", None), property):  # verl's own: its mode is its key
+            attrs["trainer_mode"] = property(lambda self: base_key, lambda self, key: None)
+        register_trainer(cpu_key)(type(f"CPU{base.__name__}", (CPUBackendMixin, base), attrs))
+    return cpu_key
 
 
-class CPUTaskRunner:
-    """``GDROTaskRunner`` for the CPU backend: trainer, in-process agent loop manager, ``fit``."""
+class CPUBackend:
+    """The hooks of ``recipe.gdro.task_runner.GDROTaskRunner.run`` on the CPU backend: the trainer in this
+    process (with ``trainer_mixins`` in front, e.g. the benchmark's timers), :class:`CPUAgentLoopManager`,
+    TransferQueue owned unless the caller has called ``tq.init`` (tests), gc frozen for ``fit``, and
+    ``cpu_backend_stats.json`` after it."""
 
     def __init__(
         self, trainer_mixins: tuple = (), own_transfer_queue: bool = True, agent_loop_options=None, freeze_gc=True
     ):
-        self.trainer_mixins = tuple(trainer_mixins)  # e.g. the benchmark's timers
+        self.trainer_mixins = tuple(trainer_mixins)
         self.agent_loop_options = dict(agent_loop_options or {})  # CPUAgentLoopManager's keyword arguments
         self.freeze_gc = freeze_gc
-        self.own_transfer_queue = own_transfer_queue  # False: the caller has called tq.init (tests)
-        self.config = None
-        self.trainer = None
-        self.agent_loop_manager = None
+        self.own_transfer_queue = own_transfer_queue
 
-    def run(self, config: DictConfig):
-        import transfer_queue as tq
+    def trainer_cls(self, cls):
+        if not issubclass(cls, CPUBackendMixin):  # a key without the suffix: prepare_cpu_config was not called
+            raise ValueError(f"{cls.__name__} is not a CPU backend trainer; run prepare_cpu_config(config) first")
+        return type(cls.__name__, (*self.trainer_mixins, cls), {}) if self.trainer_mixins else cls
 
-        from recipe.gdro.task_runner import select_trainer_cls
+    def show_config(self, config: DictConfig) -> None:
+        return  # the command printed the plan; the resolved config is in the dry run
 
-        config.transfer_queue.enable = True
-        OmegaConf.resolve(config)
-        self.config = config
-        if self.own_transfer_queue:
-            tq.init(config.transfer_queue)
-        succeeded = False
-        try:
-            cls = cpu_trainer_cls(select_trainer_cls(config))
-            if self.trainer_mixins:
-                cls = type(cls.__name__, (*self.trainer_mixins, cls), {})
-            self.trainer = cls(config=config)
-            self.trainer.init()
-            self.agent_loop_manager = CPUAgentLoopManager(config, self.trainer.cpu_server, **self.agent_loop_options)
-            # Python's full collections traverse every object the imports and setup made (torch,
-            # transformers, verl: ~0.25 s each, several a step); freezing them leaves only the step's own.
-            if self.freeze_gc:
-                gc.collect()
-                gc.freeze()
-            start = time.perf_counter()
-            self.trainer.fit(self.agent_loop_manager)
-            succeeded = True
-            self.write_stats(time.perf_counter() - start)
-        finally:
-            gc.unfreeze()
-            try:
-                tracking = getattr(self.trainer, "logger", None)
-                if tracking is not None:
-                    tracking.finish(exit_code=0 if succeeded else 1)
-                if self.agent_loop_manager is not None:
-                    self.agent_loop_manager.close()
-            finally:
-                if self.own_transfer_queue:
-                    tq.close()
-        return self.trainer
+    def check_cluster(self, config: DictConfig) -> None:
+        return  # no resource pool: the workers are in this process, TransferQueue has one storage unit
 
-    def write_stats(self, fit_seconds: float) -> None:
-        """``<trainer.default_local_dir>/cpu_backend_stats.json``: what the rollout generated, and the fit time."""
-        server = self.trainer.cpu_server
-        stats = {
-            "fit_seconds": fit_seconds,
-            "generated_tokens": int(server.stats["tokens"]),
-            "generated_responses": int(server.stats["requests"]),
-            "generation_seconds": server.stats["generate_s"],
-            "global_steps": int(self.trainer.global_steps) - 1,
-            "torch_threads": torch.get_num_threads(),
-        }
-        folder = str(self.config.trainer.default_local_dir)
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, STATS_FILE), "w") as f:
-            json.dump(stats, f, indent=1)
+    def agent_loop_manager(self, config: DictConfig, trainer):
+        return CPUAgentLoopManager(config, trainer.cpu_server, **self.agent_loop_options)
+
+    def before_fit(self, runner) -> None:
+        # Python's full collections traverse every object the imports and setup made (torch,
+        # transformers, verl: ~0.25 s each, several a step); freezing them leaves only the step's own.
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()
+
+    def after_fit(self, runner, fit_seconds: float) -> None:
+        write_stats(runner.trainer, runner.config, fit_seconds)
+
+    def close(self, runner) -> None:
+        gc.unfreeze()
+        if runner.agent_loop_manager is not None:
+            runner.agent_loop_manager.close()
+
+
+def write_stats(trainer, config: DictConfig, fit_seconds: float) -> None:
+    """``<trainer.default_local_dir>/cpu_backend_stats.json``: what the rollout generated, and the fit time."""
+    server = trainer.cpu_server
+    stats = {
+        "fit_seconds": fit_seconds,
+        "generated_tokens": int(server.stats["tokens"]),
+        "generated_responses": int(server.stats["requests"]),
+        "generation_seconds": server.stats["generate_s"],
+        "global_steps": int(trainer.global_steps) - 1,
+        "torch_threads": torch.get_num_threads(),
+    }
+    folder = str(config.trainer.default_local_dir)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, STATS_FILE), "w") as f:
+        json.dump(stats, f, indent=1)
 
 
 def prepare_cpu_config(config: DictConfig) -> DictConfig:
-    """The settings a 2-CPU Ray needs: one TransferQueue storage unit, the v1 sync trainer, and no
-    rollout tensor parallelism (the in-process CPU server has none; verl's default TP 2 would fail
-    the start-up layout check on the backend's single "GPU")."""
+    """The settings a 2-CPU Ray needs: one TransferQueue storage unit, no rollout tensor parallelism (the
+    in-process CPU server has none; verl's default TP 2 would fail the start-up layout check on the
+    backend's single "GPU"), and the trainer's CPU variant: ``trainer.v1.trainer_mode`` gets the suffix
+    ``_cpu`` (``gdro_sync_cpu``), registered here (:func:`register_cpu_trainer`)."""
     with open_dict(config):
         config.transfer_queue.backend.SimpleStorage.num_data_storage_units = 1
         config.trainer.device = "cpu"
         config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
+        config.trainer.v1.trainer_mode = register_cpu_trainer(str(config.trainer.v1.trainer_mode))
     return config
-
-
-def run_cpu(
-    config: DictConfig, trainer_mixins: tuple = (), agent_loop_options: dict | None = None, freeze_gc: bool = True
-):
-    """Start Ray (2 CPUs) and train on the CPU backend in this process; returns the trainer.
-    ``agent_loop_options`` (keyword arguments of :class:`CPUAgentLoopManager`) and ``freeze_gc`` exist for
-    the benchmark's baseline."""
-    import ray
-
-    prepare_cpu_config(config)
-    # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
-    # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
-    torch.set_num_threads(int(os.environ.get("GDRO_CPU_THREADS", "1")))
-    started = False
-    if not ray.is_initialized():
-        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
-        started = True
-        from verl_ext.interrupt import reinstall
-
-        reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
-    try:
-        return CPUTaskRunner(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc).run(config)
-    finally:
-        if started:
-            ray.shutdown()

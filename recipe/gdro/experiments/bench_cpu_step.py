@@ -197,9 +197,10 @@ def main(argv=None) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     train, val = make_data(data_dir, 2000, 200)
 
-    from recipe.gdro.backends.cpu import prepare_cpu_config, run_cpu
+    from recipe.gdro.backends.cpu import prepare_cpu_config
     from recipe.gdro.startup.checks import prepare
     from recipe.gdro.startup.cli import compose_config
+    from recipe.gdro.task_runner import run_cpu
 
     def run(options: dict, tag: str):  # options: run_cpu's keyword arguments
         config = compose_config(

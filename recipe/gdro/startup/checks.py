@@ -40,12 +40,40 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
-from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
+from verl_ext import (
+    GDROConfig,
+    GDROConfigError,
+    PromptIdError,
+    check_prompt_ids,
+    gdro_config_from_dict,
+    gdro_config_to_dict,
+)
 
-SUPPORTED_TRAINER_MODE = "sync"
+SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
+# verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
+# "gdro_sync", the recipe's default trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it
+# runs (recipe.gdro.backends.cpu). Every other key is verl's own trainer.
+GDRO_TRAINER_MODE = "gdro_sync"
+CPU_MODE_SUFFIX = "_cpu"
+
+
+def base_trainer_mode(mode) -> str:
+    """The registry key without the CPU backend's suffix (``gdro_sync_cpu`` -> ``gdro_sync``)."""
+    return str(mode).removesuffix(CPU_MODE_SUFFIX)
+
+
+def is_gdro_trainer(config: DictConfig) -> bool:
+    """``trainer.v1.trainer_mode`` selects the recipe's trainer (``gdro_sync``, or its CPU variant)."""
+    return base_trainer_mode(config.trainer.v1.trainer_mode) == GDRO_TRAINER_MODE
+
+
+def verl_mode_section(config: DictConfig):
+    """``trainer.v1.<mode>``, the section verl's base class reads for the mode its loop runs (GDRO's: sync)."""
+    mode = SUPPORTED_TRAINER_MODE if is_gdro_trainer(config) else base_trainer_mode(config.trainer.v1.trainer_mode)
+    return mode, config.trainer.v1.get(mode, None) or {}
 
 
 class GDRORecipeError(ValueError):
@@ -401,7 +429,7 @@ def observes_only(config: DictConfig, gdro: GDROConfig) -> bool:
     binner sees (the v1 sync trainer, no DAPO group filtering); elsewhere the recipe is plain verl."""
     if gdro.enabled or not gdro.observe or not config.trainer.get("use_v1", True):
         return False
-    if config.trainer.v1.trainer_mode != SUPPORTED_TRAINER_MODE:
+    if not is_gdro_trainer(config):
         return False
     filter_groups = config.algorithm.get("filter_groups", None)
     return not (filter_groups is not None and filter_groups.get("enable", False))
@@ -434,10 +462,9 @@ def check_parameter_sync_step(config: DictConfig, gdro: GDROConfig) -> None:
     ``_compute_advantage`` k times: the controller would observe (and Prompt-GDRO update) k times per
     step on partial batches, and Rollout-GDRO's Σ n = B·n̄ would no longer hold per update.
     """
-    mode = str(config.trainer.v1.trainer_mode)
-    if not gdro_runs(config, gdro) or mode != SUPPORTED_TRAINER_MODE:
-        return  # the asynchronous modes are refused (or run verl's own trainer) elsewhere
-    section = config.trainer.v1.get(mode, None) or {}
+    if not gdro_runs(config, gdro) or not is_gdro_trainer(config):
+        return  # verl's own trainers are refused with GDRO on (check_supported_modes), or are plain verl
+    mode, section = verl_mode_section(config)
     k = section.get("parameter_sync_step", 1)
     if k is not None and int(k) != 1:
         raise GDRORecipeError(
@@ -453,7 +480,8 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
 
     * ``trainer.use_v1=false`` (legacy RayPPOTrainer), in every mode: see :func:`check_use_v1`.
     * ``parameter_sync_step`` > 1 whenever the controller runs: see :func:`check_parameter_sync_step`.
-    * ``trainer.v1.trainer_mode`` other than ``sync``: the async trainers train on groups generated
+    * ``trainer.v1.trainer_mode`` other than ``gdro_sync``: verl's ``sync`` has no adversary; the async
+      trainers train on groups generated
       under older weights and schedules, and refill evicted prompts one at a time, so a step's
       rollout counts neither come from one schedule nor sum to B·n̄.
     * ``algorithm.filter_groups.enable`` (DAPO dynamic sampling): evicts exactly the all-correct /
@@ -468,13 +496,18 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     if not gdro.enabled:
         return
     mode = config.trainer.v1.trainer_mode
-    if mode != SUPPORTED_TRAINER_MODE:
+    if base_trainer_mode(mode) == SUPPORTED_TRAINER_MODE:
+        raise GDRORecipeError(
+            f"trainer.v1.trainer_mode={mode!r} is verl's own PPOTrainerSync, which has no GDRO adversary: with "
+            f"gdro.prompt.enable / gdro.rollout.enable use trainer.v1.trainer_mode={GDRO_TRAINER_MODE} (the default)"
+        )
+    if not is_gdro_trainer(config):
         raise GDRORecipeError(
             f"trainer.v1.trainer_mode={mode!r} is not supported with GDRO enabled (gdro.prompt.enable / "
             "gdro.rollout.enable): the asynchronous v1 trainers train on groups generated under earlier "
             "schedules and refill evicted prompts one by one, so a step's rollout counts would not come from "
             "one Rollout-GDRO schedule, would not sum to B·n̄, and the binner would see stale outcomes. "
-            "Use trainer.v1.trainer_mode=sync, or disable both adversaries"
+            f"Use trainer.v1.trainer_mode={GDRO_TRAINER_MODE} (the default), or disable both adversaries"
         )
     filter_groups = config.algorithm.get("filter_groups", None)
     if filter_groups is not None and filter_groups.get("enable", False):
@@ -1047,7 +1080,51 @@ def prepare(
     )
 
 
+# --------------------------------------------------------------------------------------- handed over
+CHECKED_KEY = "_gdro_checked"  # private top-level key of the launch config: what prepare() built, as plain data
+
+
+@dataclass
+class Checked:
+    """What the trainer needs of a checked launch: the GDRO config, the metrics file, whether GDRO runs."""
+
+    gdro: GDROConfig
+    metrics_file: str
+    runs: bool
+
+
+def hand_over(config: DictConfig, prepared: Prepared) -> DictConfig:
+    """Write what :func:`prepare` built into ``config[CHECKED_KEY]`` (plain, picklable data), so the trainer,
+    built from ``config`` inside verl's Ray TaskRunner (``run_ppo`` passes nothing else), uses it as is."""
+    with open_dict(config):
+        config[CHECKED_KEY] = {
+            "gdro": gdro_config_to_dict(prepared.gdro),
+            "metrics_file": prepared.recipe.metrics_file,
+            "runs": gdro_runs(config, prepared.gdro),
+        }
+    return config
+
+
+def handed_over(config: DictConfig) -> Optional[Checked]:
+    """The :class:`Checked` a launch wrote with :func:`hand_over`, or None (a trainer built outside a launch).
+
+    The dict is the checked config's own ``gdro_config_to_dict``; ``gdro_config_from_dict`` converts it back."""
+    section = config.get(CHECKED_KEY, None)
+    if section is None:
+        return None
+    data = OmegaConf.to_container(section, resolve=True)
+    return Checked(gdro=gdro_config_from_dict(data["gdro"]), metrics_file=data["metrics_file"], runs=data["runs"])
+
+
 __all__ = [
+    "CHECKED_KEY",
+    "CPU_MODE_SUFFIX",
+    "GDRO_TRAINER_MODE",
+    "base_trainer_mode",
+    "is_gdro_trainer",
+    "Checked",
+    "hand_over",
+    "handed_over",
     "GDROConfigError",
     "GDRORecipeError",
     "Prepared",

@@ -38,10 +38,11 @@ from omegaconf import OmegaConf  # noqa: E402
 from recipe_helpers import standins as S  # noqa: E402
 from recipe_helpers.paths import HELPERS  # noqa: E402
 
-from recipe.gdro.backends.cpu import CPUTaskRunner, prepare_cpu_config  # noqa: E402
+from recipe.gdro.backends.cpu import CPUBackend, prepare_cpu_config  # noqa: E402
 from recipe.gdro.backends.cpu_rollout import CPURolloutServer  # noqa: E402
 from recipe.gdro.backends.cpu_workers import CHECKPOINT_FILE  # noqa: E402
 from recipe.gdro.startup.cli import compose_config  # noqa: E402
+from recipe.gdro.task_runner import GDROTaskRunner  # noqa: E402
 from recipe.gdro.tinylm import model as tinylm  # noqa: E402
 from recipe.gdro.tinylm import policy  # noqa: E402
 
@@ -119,7 +120,7 @@ def base_overrides(work: Path, model: Path, train: Path, *, batch: int = 8, step
 def run(overrides: list[str], mixins: tuple = ()):
     config = prepare_cpu_config(compose_config(overrides))
     S.clear_transfer_queue()
-    runner = CPUTaskRunner(trainer_mixins=mixins, own_transfer_queue=False)
+    runner = GDROTaskRunner(CPUBackend(trainer_mixins=mixins, own_transfer_queue=False))
     return runner.run(config), runner
 
 
