@@ -15,8 +15,8 @@ The checks, in the order :func:`prepare` runs them:
 1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
    values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``; its recipe keys ->
    :class:`recipe.gdro.startup.recipe_config.RecipeConfig`; output paths that cannot be created
-   (:func:`check_output_paths`); on a real launch a local model folder and a Ray cluster for
-   several nodes;
+   (:func:`check_output_paths`); the resume point (:func:`check_resume_point`); on a real launch a
+   local model folder and a Ray cluster for several nodes;
 2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
 3. with ``data_files``: the data files exist, are readable, have ``data.prompt_key`` and hold a
    batch (:func:`check_dry_run_data`); the rollout budget against batch / mini-batch / data-parallel
