@@ -399,13 +399,22 @@ def check_resume_point(config: DictConfig, recipe: RecipeConfig, *, with_gdro_st
     root = _verl_abspath(local_dir) if isinstance(local_dir, str) and local_dir and "://" not in local_dir else None
     if mode == "resume_path":
         path = OmegaConf.select(config, "trainer.resume_from_path", default=None)
-        if not isinstance(path, str) or "://" in path:
-            return None  # verl's own check (validate_config) names a missing resume_from_path
+        if isinstance(path, str) and "://" in path:
+            return None
+        if not isinstance(path, str) or not path:
+            raise GDRORecipeError(
+                f"trainer.resume_mode=resume_path needs trainer.resume_from_path=<folder>/global_step_N (got {path!r})"
+            )
         folder = _verl_abspath(path)
-        step = path.split("global_step_")[-1] if "global_step_" in path else None
         parent = os.path.dirname(folder.rstrip(os.sep)) or os.sep
         newest = newest_complete(parent, with_gdro_state=with_gdro_state)
-        if step is None or not _VERL_STEP.fullmatch(step):
+        if "global_step_" not in path:
+            raise GDRORecipeError(
+                f"trainer.resume_from_path={path} names no global_step_N folder (verl reads the step from that name); "
+                f"{_resume_from(newest, parent, bool(checkpoint_folders(parent)))}"
+            )
+        step = path.split("global_step_")[-1]
+        if not _VERL_STEP.fullmatch(step):
             raise GDRORecipeError(
                 f"trainer.resume_from_path={path}: verl reads the step from the text after 'global_step_' "
                 f"({step!r}), which must be a step number as verl names its folders (global_step_N, no leading "

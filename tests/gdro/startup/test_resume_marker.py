@@ -112,6 +112,8 @@ def test_a_resume_path_that_cannot_be_resumed_is_refused(capsys, root):
         capsys, root, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={root / 'global_step_04'}"
     )
     assert "'04'" in line and "no leading zeros" in line and resume_newest(root) in line
+    line = refusal(capsys, root, "trainer.resume_mode=resume_path")  # verl: an assert inside Ray
+    assert "trainer.resume_mode=resume_path needs trainer.resume_from_path=" in line and "None" in line
 
 
 def test_a_zero_padded_folder_is_not_the_step_the_marker_names(capsys, tmp_path):
