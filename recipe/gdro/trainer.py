@@ -675,8 +675,8 @@ class GDROTrainerSync(PPOTrainerSync):
         if self.global_steps not in saved and os.path.isdir(folder) and os.listdir(folder):
             # Not deleted by retention, but verl's save writes into it: say so before its files change.
             logger.warning(
-                "GDRO: saving step %d into %s, which holds a checkpoint from before this run: verl overwrites "
-                "its files",
+                "GDRO: saving step %d into %s, which holds files from before this run: verl overwrites the ones "
+                "it writes",
                 self.global_steps,
                 folder,
             )
@@ -721,8 +721,8 @@ class GDROTrainerSync(PPOTrainerSync):
         newer = [p for s, p in sorted(checkpoint_folders(self._checkpoint_root()).items()) if s > self.global_steps]
         if newer:
             logger.warning(
-                "GDRO: resuming at step %d; the newer checkpoints %s are kept (retention deletes only this run's "
-                "saves; a save of this run at one of those steps writes into that folder)",
+                "GDRO: this run starts after step %d; the newer checkpoints %s are kept (retention deletes only this "
+                "run's saves; a save of this run at one of those steps writes into that folder)",
                 self.global_steps,
                 ", ".join(os.path.basename(p) for p in newer),
             )
