@@ -1,4 +1,4 @@
-"""The trainer's checkpoint files and their retention across restarts (``trainer.max_actor_ckpt_to_keep``,
+"""The trainer's checkpoint files and their retention (``trainer.max_actor_ckpt_to_keep``,
 ``trainer.max_critic_ckpt_to_keep``).
 
 What a ``global_step_N`` folder holds. verl 0.9.1's ``_save_checkpoint``
@@ -8,25 +8,26 @@ and, for the async trainer modes, ``transfer_queue/``; then ``latest_checkpointe
 experiment folder (the marker ``trainer.resume_mode=auto`` reads). The GDRO trainer writes
 :data:`GDRO_STATE_FILE` into the folder *before* verl's save. A folder is **complete** when it holds
 ``actor/`` (not empty), ``data.pt`` and, when the run has them, ``critic/`` and the GDRO state: that is
-every file a resume reads. Anything short of that (a crash mid-save) is **incomplete**: retention neither
-counts it nor touches it, and says so in a log line.
+every file a resume reads. verl names a folder ``global_step_{step}`` (no leading zeros): a name such as
+``global_step_03`` is not one of its checkpoints; it is ignored, with a warning, and never deleted.
 
-Why the recipe does retention. verl deletes old ``global_step_K/actor`` (and ``critic``) folders from an
-in-memory list of the checkpoints *this process* saved (``verl/utils/checkpoint/checkpoint_manager.py``,
-``register_checkpoint``), so after a restart the checkpoints of earlier processes are never deleted, and
-the rest of each folder (the GDRO state, the dataloader state) never is.
+Whose folders retention deletes. Only the ones this process saved, as verl's own retention does: verl
+deletes old ``global_step_K/actor`` (and ``critic``) folders from an in-memory list of the checkpoints the
+running process saved (``verl/utils/checkpoint/checkpoint_manager.py``, ``register_checkpoint``). The
+recipe keeps the same list (:func:`enforce_retention`'s ``own_saves``) and adds what verl leaves behind in
+those folders: the GDRO state and the dataloader state, which cannot be resumed from without the actor.
+Everything else is never deleted: folders from before this process (the one it resumed from, older ones,
+newer ones of another branch), folders whose ownership is unknown, incomplete folders. A run that
+resumes owns only what it saves from then on, so a restart never widens what can be deleted; the price is
+that each restart leaves up to ``max_actor_ckpt_to_keep`` folders of the earlier process on disk, for the
+user to remove.
 
-How it ranks. By lineage, not by step number: the run's own saves since it started or resumed (newest
-first), then the folder it resumed from, then that folder's ancestors (lower steps, newest first), then
-whatever else is on disk (e.g. the steps of an abandoned branch above the resume point, after resuming
-from an earlier checkpoint). The folder the run resumed from is never deleted.
-
-What it deletes. What verl's own retention would, each by its own limit: ``actor/`` beyond
-``max_actor_ckpt_to_keep`` and ``critic/`` beyond ``max_critic_ckpt_to_keep``. With a folder's
-``actor/`` go the resume files written beside it (:data:`GDRO_STATE_FILE`, ``data.pt``,
-``transfer_queue/``): without the actor the folder cannot be resumed, and verl's marker never points at
-it again. Anything else in the folder (a user's notes, an exported model) is left alone; a step folder is
-removed only when it ends empty.
+What it deletes, of this process's saves. What verl's own retention would, each by its own limit:
+``actor/`` beyond ``max_actor_ckpt_to_keep`` (oldest save first) and ``critic/`` beyond
+``max_critic_ckpt_to_keep``. With a folder's ``actor/`` go the resume files written beside it
+(:data:`RESUME_FILES`). Anything else in the folder (a user's notes, an exported model) is left alone; a
+step folder is removed only when it ends empty. A delete that fails (permissions, a busy file system) is
+logged in one line and retention goes on with the next path: it never fails a run after a good save.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -49,19 +50,46 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"  # verl's latest marker, writ
 # What goes with a folder's actor/ (the files only a resume from that folder reads).
 RESUME_FILES = (GDRO_STATE_FILE, DATALOADER_FILE, TRANSFER_QUEUE_DIR)
 
-_STEP_FOLDER = re.compile(r"^global_step_(\d+)$")
+STEP_PREFIX = "global_step_"
+_STEP_FOLDER = re.compile(r"^global_step_(0|[1-9][0-9]*)$")  # what verl writes: f"global_step_{step}"
+_STEP_LIKE = re.compile(r"^global_step_[0-9]+$")
+_warned_names: set[str] = set()  # non-verl names already warned about (one line per folder per process)
+
+
+def step_folder_name(step: int) -> str:
+    """verl's name for step ``step``'s folder."""
+    return f"{STEP_PREFIX}{step}"
+
+
+def step_of(path: str) -> int | None:
+    """The step of a folder verl would name ``global_step_{step}`` (None for any other name, e.g.
+    ``global_step_03``, which verl never writes)."""
+    m = _STEP_FOLDER.match(os.path.basename(os.path.normpath(path)))
+    return int(m.group(1)) if m else None
 
 
 def checkpoint_folders(root: str) -> dict[int, str]:
-    """``global_step_K`` folders directly under ``root``: step -> path."""
+    """``global_step_K`` folders directly under ``root`` as verl names them: step -> path. A folder named
+    like one but not as verl would write it (``global_step_03``) is not counted as step 3: it is left out,
+    with one warning per folder."""
     if not os.path.isdir(root):
         return {}
     found = {}
-    for name in os.listdir(root):
-        m = _STEP_FOLDER.match(name)
+    for name in sorted(os.listdir(root)):
         path = os.path.join(root, name)
-        if m and os.path.isdir(path) and not os.path.islink(path):
+        if not os.path.isdir(path) or os.path.islink(path):
+            continue
+        m = _STEP_FOLDER.match(name)
+        if m:
             found[int(m.group(1))] = path
+        elif _STEP_LIKE.match(name) and path not in _warned_names:
+            _warned_names.add(path)
+            logger.warning(
+                "GDRO: ignoring %s: verl names checkpoints global_step_%d, so this folder is none of its "
+                "checkpoints (never resumed from by the marker, never deleted)",
+                path,
+                int(name[len(STEP_PREFIX) :]),
+            )
     return found
 
 
@@ -96,6 +124,8 @@ def incomplete_reason(folder: str, *, with_gdro_state: bool = False) -> str | No
     """Why ``folder`` is not a complete checkpoint (None if it is): it needs ``actor/`` (not empty),
     ``data.pt`` (verl writes it after the actor and the critic, so it also vouches for ``critic/``) and,
     when ``with_gdro_state``, the GDRO state."""
+    if not os.path.isdir(folder):
+        return "no such folder"
     missing = []
     if not _nonempty_dir(os.path.join(folder, ACTOR_DIR)):
         missing.append(f"{ACTOR_DIR}/")
@@ -106,19 +136,13 @@ def incomplete_reason(folder: str, *, with_gdro_state: bool = False) -> str | No
     return f"no {', '.join(missing)}" if missing else None
 
 
-def lineage_order(steps: Iterable[int], own_saves: Sequence[int] = (), resumed: int | None = None) -> list[int]:
-    """``steps`` ranked most-worth-keeping first: this run's saves (newest first), the step it resumed
-    from, that step's ancestors (lower steps, newest first), then the rest (newest first)."""
-    steps = set(steps)
-    order = [s for s in dict.fromkeys(reversed(list(own_saves))) if s in steps]
-    if resumed is not None and resumed in steps and resumed not in order:
-        order.append(resumed)
-    rest = sorted(steps - set(order), reverse=True)
-    if resumed is not None:
-        order += [s for s in rest if s < resumed] + [s for s in rest if s > resumed]
-    else:
-        order += rest
-    return order
+def newest_complete(root: str, *, with_gdro_state: bool = False) -> str | None:
+    """The complete checkpoint folder with the highest step under ``root`` (None if there is none)."""
+    folders = checkpoint_folders(root)
+    for step in sorted(folders, reverse=True):
+        if incomplete_reason(folders[step], with_gdro_state=with_gdro_state) is None:
+            return folders[step]
+    return None
 
 
 def _remove(path: str) -> bool:
@@ -137,65 +161,69 @@ def enforce_retention(
     keep_critic: int | None = None,
     *,
     own_saves: Sequence[int] = (),
-    resumed: int | None = None,
-    with_gdro_state: bool = False,
 ) -> list[str]:
-    """Apply verl's checkpoint limits to every ``global_step_K`` folder under ``root`` (module docstring).
+    """Apply verl's checkpoint limits to the ``global_step_K`` folders under ``root`` that this process
+    saved (module docstring).
 
-    ``own_saves``: the steps this process saved, in order; ``resumed``: the step it resumed from (never
-    deleted); ``with_gdro_state``: whether a complete folder of this run holds :data:`GDRO_STATE_FILE`.
-    A folder whose ``actor/`` is gone but whose ``data.pt`` or ``critic/`` is there had its actor retired
-    (by verl's in-process limit or an earlier call): its resume files go, its ``critic/`` is ranked by the
-    critic limit. Returns the deleted paths (files, sub-folders, and step folders that ended empty), each logged.
+    ``own_saves``: the steps this process saved, in the order it saved them. No other folder is looked
+    at, whatever it holds. Of the saves beyond ``keep_actor`` (oldest first) go ``actor/`` and
+    :data:`RESUME_FILES`, of those beyond ``keep_critic`` ``critic/``; a folder that ends empty goes too.
+    A failed delete is logged (one line) and the next path is processed. Returns the deleted paths.
     """
-    if keep_actor is None and keep_critic is None:
-        return []
-    folders = checkpoint_folders(root)
-    complete, retired = [], []
-    for step in sorted(folders):
-        path = folders[step]
-        reason = incomplete_reason(path, with_gdro_state=with_gdro_state)
-        if reason is None or step == resumed:
-            complete.append(step)  # what the run resumed from counts as a checkpoint, whatever it holds
-        elif not os.path.isdir(os.path.join(path, ACTOR_DIR)) and (
-            os.path.exists(os.path.join(path, DATALOADER_FILE)) or os.path.isdir(os.path.join(path, CRITIC_DIR))
-        ):
-            retired.append(step)  # verl writes actor/ first: data.pt or critic/ without it = actor retired
-        else:
-            logger.warning(
-                "GDRO: checkpoint retention ignores the incomplete %s (%s): neither counted nor deleted", path, reason
-            )
+    saves = list(dict.fromkeys(reversed(list(own_saves))))[::-1]  # unique, in save order (last save wins)
     deleted: list[str] = []
 
     def drop(step: int, names: Sequence[str], limit: int, what: str) -> None:
+        folder = os.path.join(root, step_folder_name(step))
         removed = []
         for name in names:
-            target = os.path.join(folders[step], name)
-            if _remove(target):
+            target = os.path.join(folder, name)
+            try:
+                gone = _remove(target)
+            except OSError as e:
+                logger.warning(
+                    "GDRO: checkpoint retention (keep %d %s) could not delete %s (%s: %s); left it, going on",
+                    limit,
+                    what,
+                    target,
+                    type(e).__name__,
+                    e,
+                )
+                continue
+            if gone:
                 removed.append(name)
                 deleted.append(target)
         if removed:
             logger.warning(
-                "GDRO: checkpoint retention (keep %d %s): deleting %s from %s",
+                "GDRO: checkpoint retention (keep %d %s of this run): deleting %s from %s",
                 limit,
                 what,
                 ", ".join(removed),
-                folders[step],
+                folder,
             )
 
+    retired: list[int] = []
     if keep_actor is not None:
-        beyond = lineage_order(complete, own_saves, resumed)[keep_actor:]
-        for step in sorted([s for s in beyond if s != resumed] + retired):
+        retired = saves[: max(len(saves) - keep_actor, 0)]
+        for step in retired:
             drop(step, (ACTOR_DIR, *RESUME_FILES), keep_actor, "actor checkpoints")
     if keep_critic is not None:
-        critics = [s for s in complete + retired if os.path.isdir(os.path.join(folders[s], CRITIC_DIR))]
-        beyond = lineage_order(critics, own_saves, resumed)[keep_critic:]
-        for step in sorted(s for s in beyond if s != resumed):
+        critics = [s for s in saves if os.path.isdir(os.path.join(root, step_folder_name(s), CRITIC_DIR))]
+        for step in critics[: max(len(critics) - keep_critic, 0)]:
             drop(step, (CRITIC_DIR,), keep_critic, "critic checkpoints")
-    for step in sorted(set(complete + retired)):
-        path = folders[step]
-        if os.path.isdir(path) and not os.listdir(path):
-            os.rmdir(path)
-            deleted.append(path)
-            logger.warning("GDRO: checkpoint retention: removed the empty folder %s", path)
+            retired.append(step)
+    for step in sorted(set(retired)):
+        folder = os.path.join(root, step_folder_name(step))
+        try:
+            if os.path.isdir(folder) and not os.listdir(folder):
+                os.rmdir(folder)
+                deleted.append(folder)
+                logger.warning("GDRO: checkpoint retention: removed the empty folder %s", folder)
+        except OSError as e:
+            logger.warning(
+                "GDRO: checkpoint retention could not remove the empty folder %s (%s: %s); left it, going on",
+                folder,
+                type(e).__name__,
+                e,
+            )
     return deleted

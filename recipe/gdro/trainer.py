@@ -30,9 +30,9 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next
     to verl's own checkpoint, and restored by verl's resume (``trainer.resume_mode``).
     After each save, verl's ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` are applied
-    to every ``global_step_K`` folder on disk, ranked by lineage (this run's saves, then the folder it
-    resumed from, which is never deleted, then older ones); incomplete folders are left alone
-    (:mod:`recipe.gdro.checkpoints`).
+    to the ``global_step_K`` folders this process saved, as verl's own retention is; the folder it
+    resumed from and every other folder on disk are never deleted, and a failed delete is logged, never
+    raised (:mod:`recipe.gdro.checkpoints`).
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -75,7 +75,13 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
-from recipe.gdro.checkpoints import GDRO_STATE_FILE, enforce_retention, keep_limits
+from recipe.gdro.checkpoints import (
+    GDRO_STATE_FILE,
+    checkpoint_folders,
+    enforce_retention,
+    keep_limits,
+    step_folder_name,
+)
 from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
     append_validation_jsonl,
@@ -694,9 +700,24 @@ class GDROTrainerSync(PPOTrainerSync):
 
     # ------------------------------------------------------------------ checkpoints
     def _step_folder(self, step: int) -> str:
-        return os.path.join(self.config.trainer.default_local_dir, f"global_step_{step}")
+        return os.path.join(self.config.trainer.default_local_dir, step_folder_name(step))
+
+    def _checkpoint_root(self) -> str:
+        """``trainer.default_local_dir`` as verl's ``_load_checkpoint`` resolves it."""
+        root = str(self.config.trainer.default_local_dir)
+        return root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
 
     def _save_checkpoint(self):
+        saved = getattr(self, "_gdro_saved_steps", [])
+        folder = os.path.join(self._checkpoint_root(), step_folder_name(self.global_steps))
+        if self.global_steps not in saved and os.path.isdir(folder) and os.listdir(folder):
+            # Not deleted by retention, but verl's save writes into it: say so before its files change.
+            logger.warning(
+                "GDRO: saving step %d into %s, which holds files from before this run: verl overwrites the ones "
+                "it writes",
+                self.global_steps,
+                folder,
+            )
         # The GDRO state goes first: verl writes latest_checkpointed_iteration.txt last, so a
         # checkpoint that resume can find always has its gdro_state.pkl.
         if self.gdro_enabled:
@@ -704,43 +725,52 @@ class GDROTrainerSync(PPOTrainerSync):
             self.gdro.save(path)
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
-        self._gdro_saved_steps = [*getattr(self, "_gdro_saved_steps", []), self.global_steps]
-        self._enforce_checkpoint_retention()
+        # From here the save is good: it is this process's (retention may delete it once the limit
+        # passes it), and nothing below may fail the run.
+        self._gdro_saved_steps = [*saved, self.global_steps]
+        try:
+            self._enforce_checkpoint_retention()
+        except OSError as e:
+            logger.warning("GDRO: checkpoint retention stopped (%s: %s); the save is complete", type(e).__name__, e)
 
     def _enforce_checkpoint_retention(self) -> list[str]:
-        """verl's actor / critic limits over every ``global_step_K`` folder on disk, by lineage (see
-        :mod:`recipe.gdro.checkpoints`): verl's own limit forgets the checkpoints of earlier processes."""
-        root = self.config.trainer.default_local_dir
-        if not os.path.isabs(root):
-            root = os.path.join(os.getcwd(), root)
+        """verl's actor / critic limits over the ``global_step_K`` folders this process saved (see
+        :mod:`recipe.gdro.checkpoints`); every other folder on disk is left alone."""
         keep_actor, keep_critic = keep_limits(self.config.trainer)
+        if keep_actor is None and keep_critic is None:
+            return []
         return enforce_retention(
-            root,
-            keep_actor,
-            keep_critic,
-            own_saves=getattr(self, "_gdro_saved_steps", []),
-            resumed=getattr(self, "_gdro_resumed_step", None),
-            with_gdro_state=self.gdro_enabled,
+            self._checkpoint_root(), keep_actor, keep_critic, own_saves=getattr(self, "_gdro_saved_steps", [])
         )
 
     def _resume_folder(self) -> str | None:
         """The ``global_step_N`` folder verl's ``_load_checkpoint`` resumed from (None if none)."""
         mode = self.config.trainer.resume_mode
         if mode == "auto":
-            folder = self.config.trainer.default_local_dir
-            if not os.path.isabs(folder):
-                folder = os.path.join(os.getcwd(), folder)
-            return find_latest_ckpt_path(folder)
+            return find_latest_ckpt_path(self._checkpoint_root())
         if mode == "resume_path":
             folder = str(self.config.trainer.resume_from_path)
             return folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
         return None
 
+    def _log_kept_checkpoints(self) -> None:
+        """One line naming the checkpoints on disk newer than the resume point: another branch, or the
+        steps a fresh start will pass. Retention never deletes them (not this process's saves)."""
+        newer = [p for s, p in sorted(checkpoint_folders(self._checkpoint_root()).items()) if s > self.global_steps]
+        if newer:
+            logger.warning(
+                "GDRO: this run starts after step %d; the newer checkpoints %s are kept (retention deletes only this "
+                "run's saves; a save of this run at one of those steps writes into that folder)",
+                self.global_steps,
+                ", ".join(os.path.basename(p) for p in newer),
+            )
+
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        # The step resumed from: retention never deletes its folder (verl sets global_steps from its name).
-        self._gdro_resumed_step = self.global_steps if self.global_steps > 0 else None
+        # This process owns only what it saves from here on: the folder it resumed from and every other
+        # folder on disk belong to earlier processes (or branches) and are never deleted.
         self._gdro_saved_steps = []
+        self._log_kept_checkpoints()
         if not self.gdro_enabled:
             return
         if self.global_steps == 0:

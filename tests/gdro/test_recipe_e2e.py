@@ -750,12 +750,12 @@ def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_pat
         assert others and all(r["advantage"] * grpo[r["key"]] > 0 for r in others)
 
 
-# ---------------------------------------------------- checkpoint retention across restarts (item 4)
-def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory, tokenizer, script, caplog):
-    """An experiment folder left by earlier processes holds global_step_1..3 (verl's in-memory retention
-    list forgot them) and an abandoned global_step_9. Resuming from step 3 (resume_path) with
-    max_actor_ckpt_to_keep=2, the save at step 4 keeps 4 (this run's) and 3 (resumed from: never deleted)
-    and retires 1, 2 and the abandoned 9 (verl's files and the GDRO state go, a user's file stays)."""
+# ------------------------------------ checkpoint retention across restarts (issue 27 item 4, issue 32 item 1)
+def test_checkpoint_retention_deletes_only_this_runs_saves(joint_run, tmp_path_factory, tokenizer, script, caplog):
+    """An experiment folder left by earlier processes holds global_step_1..3 and an abandoned later branch
+    global_step_9. Resuming from step 3 (resume_path) with max_actor_ckpt_to_keep=2, the run saves 4, 5, 6:
+    retention retires only its own oldest save (4); 1, 2, 3 (resumed from) and 9 are not this run's and
+    stay byte for byte, and the start names 9 as kept."""
     from recipe.gdro.trainer import GDROTrainerSync
 
     work = new_work(tmp_path_factory, "retention")
@@ -764,7 +764,7 @@ def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory
     shutil.copytree(ckpt / "global_step_2", ckpt / "global_step_1")  # an older process's checkpoint
     shutil.copytree(ckpt / "global_step_3", ckpt / "global_step_9")  # an abandoned later branch
     (ckpt / "global_step_9" / "notes.txt").write_text("mine")
-    assert (ckpt / "global_step_1" / "gdro_state.pkl").exists()
+    before = {p: p.read_bytes() for s in (1, 2, 3, 9) for p in (ckpt / f"global_step_{s}").rglob("*") if p.is_file()}
     extra = [o for o in JOINT if not o.startswith(("trainer.resume_mode", "trainer.save_freq"))]
     config = make_config(
         work,
@@ -773,17 +773,20 @@ def test_checkpoint_retention_holds_across_a_restart(joint_run, tmp_path_factory
         f"trainer.resume_from_path={ckpt / 'global_step_3'}",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=2",
-        steps=4,
+        steps=6,
     )
     with caplog.at_level("WARNING"):
         trainer, manager = S.run_fit(GDROTrainerSync, config, tokenizer, script)
-    assert [b["step"] for b in manager.batches] == [4]
+    assert [b["step"] for b in manager.batches] == [4, 5, 6]
     assert any(p.endswith("global_step_3/actor") for p in trainer.actor_rollout_wg.loaded)
-    assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_3", "global_step_4", "global_step_9"]
-    assert sorted(p.name for p in (ckpt / "global_step_9").iterdir()) == ["notes.txt"]
-    assert (ckpt / "global_step_3" / "gdro_state.pkl").exists() and (ckpt / "global_step_4" / "actor").is_dir()
+    names = sorted(p.name for p in ckpt.glob("global_step_*"))
+    assert names == [f"global_step_{s}" for s in (1, 2, 3, 5, 6, 9)]
+    assert {p: p.read_bytes() for p in before} == before
+    assert (ckpt / "global_step_6" / "gdro_state.pkl").exists() and (ckpt / "global_step_6" / "actor").is_dir()
     deleted = [r.getMessage() for r in caplog.records if "checkpoint retention (keep 2" in r.getMessage()]
-    assert [m.rsplit("/", 1)[1] for m in deleted] == ["global_step_1", "global_step_2", "global_step_9"]
+    assert [m.rsplit("/", 1)[1] for m in deleted] == ["global_step_4"]
+    kept = [r.getMessage() for r in caplog.records if "are kept" in r.getMessage()]
+    assert len(kept) == 1 and "the newer checkpoints global_step_9 are kept" in kept[0]
 
 
 # ---------------------------------------------------------- per-prompt-weighted metrics (item 8)

@@ -15,8 +15,8 @@ The checks, in the order :func:`prepare` runs them:
 1. the ``gdro`` section -> :class:`verl_ext.GDROConfig` (unknown keys, wrong types, impossible
    values) and ``gdro.rollout.n_mean == actor_rollout_ref.rollout.n``; its recipe keys ->
    :class:`recipe.gdro.startup.recipe_config.RecipeConfig`; output paths that cannot be created
-   (:func:`check_output_paths`); on a real launch a local model folder and a Ray cluster for
-   several nodes;
+   (:func:`check_output_paths`); the resume point (:func:`check_resume_point`); on a real launch a
+   local model folder and a Ray cluster for several nodes;
 2. trainer modes the recipe cannot combine with GDRO are refused (:func:`check_supported_modes`);
 3. with ``data_files``: the data files exist, are readable, have ``data.prompt_key`` and hold a
    batch (:func:`check_dry_run_data`); the rollout budget against batch / mini-batch / data-parallel
@@ -383,6 +383,121 @@ def check_output_paths(config: DictConfig, recipe: RecipeConfig, *, launch: bool
                 "folder cannot be created"
             )
     return checked
+
+
+# --------------------------------------------------------------------------------------- resume point
+# The checkpoint folder's resume marker and the resume mode, read before Ray (issue 32 item 2, issue 35
+# item 0): verl's ``find_latest_ckpt_path`` int()s the marker inside Ray (a traceback on garbage) and,
+# when the folder it names is gone, starts over on top of the run's checkpoints without a word.
+OVERWRITE_CHECKPOINTS_KEY = "gdro.overwrite_checkpoints"
+_VERL_STEP = re.compile(r"0|[1-9][0-9]*")
+
+
+def _verl_abspath(path: str) -> str:
+    """``path`` as verl's ``_load_checkpoint`` resolves it (relative to the working directory, no ``~``)."""
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+
+
+def _resume_from(newest: Optional[str], root: str, has_folders: bool) -> str:
+    """The one override that goes on from what is on disk."""
+    if newest is not None:
+        return (
+            f"the newest complete checkpoint is {newest}: resume from it with trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={newest}"
+        )
+    fresh = "trainer.resume_mode=disable" + (f" {OVERWRITE_CHECKPOINTS_KEY}=true" if has_folders else "")
+    return f"no complete checkpoint is in {root}: start over with {fresh}"
+
+
+def check_resume_point(config: DictConfig, recipe: RecipeConfig, *, with_gdro_state: bool = False) -> Optional[str]:
+    """What the launch resumes from, checked as verl will read it; returns that folder (None: a fresh start).
+
+    ``trainer.resume_mode=auto``: ``<trainer.default_local_dir>/latest_checkpointed_iteration.txt``, when
+    present, must hold a step number whose ``global_step_N`` folder exists and is complete
+    (:func:`recipe.gdro.checkpoints.incomplete_reason`; with ``with_gdro_state`` it holds the GDRO state);
+    a missing marker beside complete checkpoints is refused too (verl would start over on top of them).
+    ``resume_path``: ``trainer.resume_from_path`` must be such a folder. ``disable``: a folder that holds
+    ``global_step_N`` folders is refused unless ``gdro.overwrite_checkpoints=true``. Each refusal is one
+    line naming the marker or folder, what it holds, and the override that goes on from what is on disk.
+    Remote (``scheme://``) folders are not checked."""
+    from recipe.gdro.checkpoints import TRACKER_FILE, checkpoint_folders, incomplete_reason, newest_complete
+
+    mode = OmegaConf.select(config, "trainer.resume_mode", default="auto")
+    local_dir = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    root = _verl_abspath(local_dir) if isinstance(local_dir, str) and local_dir and "://" not in local_dir else None
+    if mode == "resume_path":
+        path = OmegaConf.select(config, "trainer.resume_from_path", default=None)
+        if isinstance(path, str) and "://" in path:
+            return None
+        if not isinstance(path, str) or not path:
+            raise GDRORecipeError(
+                f"trainer.resume_mode=resume_path needs trainer.resume_from_path=<folder>/global_step_N (got {path!r})"
+            )
+        folder = _verl_abspath(path)
+        parent = os.path.dirname(folder.rstrip(os.sep)) or os.sep
+        newest = newest_complete(parent, with_gdro_state=with_gdro_state)
+        if "global_step_" not in path:
+            raise GDRORecipeError(
+                f"trainer.resume_from_path={path} names no global_step_N folder (verl reads the step from that name); "
+                f"{_resume_from(newest, parent, bool(checkpoint_folders(parent)))}"
+            )
+        step = path.split("global_step_")[-1]
+        if not _VERL_STEP.fullmatch(step):
+            raise GDRORecipeError(
+                f"trainer.resume_from_path={path}: verl reads the step from the text after 'global_step_' "
+                f"({step!r}), which must be a step number as verl names its folders (global_step_N, no leading "
+                f"zeros or trailing '/'); {_resume_from(newest, parent, bool(checkpoint_folders(parent)))}"
+            )
+        reason = incomplete_reason(folder, with_gdro_state=with_gdro_state)
+        if reason is not None:
+            raise GDRORecipeError(
+                f"trainer.resume_from_path={path} cannot be resumed from ({reason}); "
+                f"{_resume_from(newest, parent, bool(checkpoint_folders(parent)))}"
+            )
+        return folder
+    if root is None:
+        return None
+    folders = checkpoint_folders(root)
+    marker = os.path.join(root, TRACKER_FILE)
+    if mode == "disable":
+        if (folders or os.path.isfile(marker)) and not recipe.overwrite_checkpoints:
+            held = ", ".join(os.path.basename(folders[s]) for s in sorted(folders)) or TRACKER_FILE
+            raise GDRORecipeError(
+                f"trainer.resume_mode=disable would start over in {root}, which holds checkpoints ({held}): resume "
+                "with trainer.resume_mode=auto, pick a new trainer.default_local_dir, or set "
+                f"{OVERWRITE_CHECKPOINTS_KEY}=true to start over there (its saves overwrite those steps' folders)"
+            )
+        return None
+    if mode != "auto":
+        return None  # verl's validate_config names an unknown mode
+    newest = newest_complete(root, with_gdro_state=with_gdro_state)
+    if not os.path.exists(marker):
+        if newest is not None:
+            raise GDRORecipeError(
+                f"trainer.resume_mode=auto: {marker} is missing, so verl would start over on top of the checkpoints "
+                f"in {root}; {_resume_from(newest, root, True)}"
+            )
+        return None
+    try:
+        with open(marker, "rb") as f:
+            content = f.read(64).decode("utf-8", errors="replace")
+    except OSError as e:
+        raise GDRORecipeError(f"trainer.resume_mode=auto: {marker} cannot be read ({e.strerror})") from None
+    text = content.strip()
+    if not _VERL_STEP.fullmatch(text.lstrip("0") or "0"):
+        raise GDRORecipeError(
+            f"trainer.resume_mode=auto: {marker} holds {content[:40]!r}, not a step number, so verl cannot read "
+            f"it; {_resume_from(newest, root, bool(folders))}"
+        )
+    folder = os.path.join(root, f"global_step_{int(text)}")
+    reason = incomplete_reason(folder, with_gdro_state=with_gdro_state)
+    if reason is not None:
+        state = "does not exist" if reason == "no such folder" else f"is incomplete ({reason})"
+        raise GDRORecipeError(
+            f"trainer.resume_mode=auto: {marker} holds {content[:40]!r}, but {folder} {state}, so verl would start "
+            f"over on top of the checkpoints; {_resume_from(newest, root, bool(folders))}"
+        )
+    return folder
 
 
 # --------------------------------------------------------------------------------------- launch only
@@ -1063,6 +1178,7 @@ def prepare(
     recipe = build_recipe_config(config)
     gdro = build_gdro_config(config)
     check_output_paths(config, recipe, launch=launch)
+    check_resume_point(config, recipe, with_gdro_state=gdro_runs(config, gdro))
     if launch:
         check_local_model(config)
         check_ray_cluster(config)
@@ -1135,6 +1251,7 @@ __all__ = [
     "check_local_model",
     "check_output_paths",
     "check_ray_cluster",
+    "check_resume_point",
     "check_verl_keys",
     "VERL_KEYS",
     "DATA_LISTED",

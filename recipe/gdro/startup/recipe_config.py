@@ -1,7 +1,7 @@
 """The recipe's own keys of the ``gdro:`` section: how a launch runs, not how the controllers behave.
 
-``gdro.dry_run``, ``gdro.metrics_file`` and ``gdro.backend`` keep their names (users' overrides are
-unchanged); the controllers' keys (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``,
+``gdro.dry_run``, ``gdro.metrics_file``, ``gdro.backend`` and ``gdro.overwrite_checkpoints`` keep their
+names (users' overrides are unchanged); the controllers' keys (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``,
 ``gdro.observe``) are :class:`verl_ext.GDROConfig`'s. :func:`split_gdro_section` hands each its part.
 The choices are typed (:class:`DryRun`, :class:`Backend`), checked by OmegaConf when the section is
 merged onto :class:`RecipeConfig`, with a did-you-mean and exit 2 for anything else.
@@ -17,7 +17,7 @@ from typing import Any
 
 from verl_ext.config import Choice, GDROConfigError, _choice
 
-RECIPE_KEYS = ("dry_run", "metrics_file", "backend")
+RECIPE_KEYS = ("dry_run", "metrics_file", "backend", "overwrite_checkpoints")
 
 
 class DryRun(Choice):
@@ -65,6 +65,16 @@ class RecipeConfig:
             "help": (
                 "``verl`` trains with verl's GPU workers and vLLM/SGLang servers; ``cpu`` runs the same v1 loop "
                 "with the tiny-LM CPU stand-ins of recipe/gdro/backends."
+            )
+        },
+    )
+
+    overwrite_checkpoints: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "``true``: let ``trainer.resume_mode=disable`` start over in a folder that holds checkpoints (its "
+                "saves overwrite the folders of the steps it saves); ``false`` refuses such a launch."
             )
         },
     )

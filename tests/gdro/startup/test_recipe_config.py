@@ -70,7 +70,12 @@ def test_yaml_gdro_defaults_equal_the_dataclass_defaults(default_config):
     controllers, recipe = split_gdro_section(section)
     assert controllers == gdro_config_to_dict(GDROConfig())
     assert recipe_config_from_dict(recipe) == RecipeConfig()
-    assert recipe == {"dry_run": False, "metrics_file": "gdro_metrics.jsonl", "backend": "verl"}
+    assert recipe == {
+        "dry_run": False,
+        "metrics_file": "gdro_metrics.jsonl",
+        "backend": "verl",
+        "overwrite_checkpoints": False,
+    }
     # n̄ follows actor_rollout_ref.rollout.n, which the recipe sets to the dataclass default.
     raw = yaml.safe_load(YAML_PATH.read_text())
     assert raw["gdro"]["rollout"]["n_mean"] == "${actor_rollout_ref.rollout.n}"
