@@ -88,6 +88,7 @@ def launch(root, *, keep=None, keep_critic=None, resume_mode="auto", resume_from
     trainer.train_dataloader = Loader()
     trainer.checkpoint_callback = build_checkpoint_callback(trainer.config)
     trainer._gdro_runs = True
+    trainer._gdro_metrics_file = ""  # what the launch hands over (gdro.metrics_file above)
     trainer.gdro_config = GDROConfig()
     trainer.gdro = GDROController(trainer.gdro_config, 8)
     trainer._load_checkpoint()
