@@ -1,4 +1,4 @@
-"""Unit tests of the runtime fixes of issue 18 (items 1-8) that need no Ray: the controller's visits,
+"""Unit tests of the trainer's runtime checks that need no Ray: the controller's visits,
 checkpoint retention, the CPU / KV-cache arithmetic, the rollout-count comparison, the storage marker."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from verl_ext import GDROController, gdro_config_from_dict
 
 
-# ------------------------------------------------------------------ item 1: a prompt twice in a step
+# ------------------------------------------------------------------ a prompt twice in a step
 def _controller(**prompt):
     cfg = gdro_config_from_dict({"prompt": {"enable": True, **prompt}, "rollout": {"n_mean": 4}})
     return GDROController(cfg, num_prompts=4)
@@ -49,10 +49,10 @@ def test_visit_ids_must_not_mix_prompts():
         ctl.observe([0, 1], np.array([True, False]), np.ones(2), response_visit_ids=[0, 0])
 
 
-# item 4 (checkpoint retention) is tested in tests/gdro/test_retention.py.
+# Checkpoint retention is tested in tests/gdro/test_retention.py.
 
 
-# ------------------------------------------------------------------ item 14: no silent skips in CI
+# ------------------------------------------------------------------ no silent skips in CI
 SKIPPING_TESTS = """
 import pytest
 ray = pytest.importorskip("no_such_module_gdro")
@@ -109,7 +109,7 @@ def test_an_allowed_skip_passes_in_ci(tmp_path):
     assert "1 passed, 1 skipped" in ci.stdout
 
 
-# ------------------------------------------------------------------ item 5: shared storage marker
+# ------------------------------------------------------------------ shared storage marker
 def test_shared_storage_marker_logic(tmp_path):
     from recipe.gdro.preflight import (
         PreflightError,

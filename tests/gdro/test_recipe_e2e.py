@@ -544,7 +544,7 @@ def test_task_runner_runs_the_recipe_trainer(tq_session, tmp_path_factory, token
     assert (work / "ckpt" / "global_step_1" / "gdro_state.pkl").exists()
 
 
-# ----------------------------------------------------------------- group-size checks (issue 11 item 3)
+# ---------------------------------------------------------------------------- group-size checks
 def test_worker_ignoring_per_prompt_counts_stops_the_run(tq_session, tmp_path_factory, tokenizer, script):
     """A rollout worker that ignores ``__rollout_n__`` (every group gets rollout.n) is caught at the first
     step whose schedule varies, naming the prompt and both counts."""
@@ -582,7 +582,7 @@ def test_failed_sessions_are_counted_not_fatal(tq_session, tmp_path_factory, tok
     assert records[0]["gdro/recipe/failed_sessions"] == 4
 
 
-# ------------------------------------- custom reward function + validation lines (issue 11.5, 12.13)
+# -------------------------------------------------------- custom reward function + validation lines
 # (data_source, ground truth, extra_info.index): training mixes DAPO math with GPQA; validation has every
 # Table-1 set. Rates: 1.0 always right, 0.0 always wrong, 0.5 scripted by (index, session, step).
 REWARD_TRAIN = [
@@ -684,7 +684,7 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     assert rows[0].columns["AIME"] == pytest.approx((0.0 + records[1]["val-core/aime2025/acc/mean@2"]) / 2)
 
 
-# ------------------------------------------------- a prompt twice in one step (issue 18 item 1)
+# ------------------------------------------------------------------------ a prompt twice in one step
 def test_prompt_twice_in_one_step_is_two_visits(tq_session, tmp_path_factory, tokenizer, script):
     """6 prompts, B = 4, ``data.gen_batch_size=1`` (what ``sync_refill_failed_groups`` asks for): verl's
     ``_fetch_one_gen_batch`` restarts the dataloader inside step 2, so one step holds a prompt twice.
@@ -716,7 +716,7 @@ def test_prompt_twice_in_one_step_is_two_visits(tq_session, tmp_path_factory, to
         assert logged[s]["gdro/recipe/repeated_prompts"] >= 1
 
 
-# ------------------------------------------------------------- singleton groups (issue 18 item 3)
+# ----------------------------------------------------------------------------------- singleton groups
 def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_path_factory, tokenizer):
     """Sessions 1-3 of prompts 0-2 fail at step 1, so their groups hold one response each. verl's GRPO
     gives such a group its raw ±1 reward as advantage; with an adversary on (here Prompt-GDRO, which
@@ -750,7 +750,7 @@ def test_singleton_groups_get_zero_advantage_and_are_counted(tq_session, tmp_pat
         assert others and all(r["advantage"] * grpo[r["key"]] > 0 for r in others)
 
 
-# ------------------------------------ checkpoint retention across restarts (issue 27 item 4, issue 32 item 1)
+# ---------------------------------------------------- checkpoint retention across restarts
 def test_checkpoint_retention_deletes_only_this_runs_saves(joint_run, tmp_path_factory, tokenizer, script, caplog):
     """An experiment folder left by earlier processes holds global_step_1..3 and an abandoned later branch
     global_step_9. Resuming from step 3 (resume_path) with max_actor_ckpt_to_keep=2, the run saves 4, 5, 6:
@@ -789,7 +789,7 @@ def test_checkpoint_retention_deletes_only_this_runs_saves(joint_run, tmp_path_f
     assert len(kept) == 1 and "the newer checkpoints global_step_9 are kept" in kept[0]
 
 
-# ---------------------------------------------------------- per-prompt-weighted metrics (item 8)
+# ---------------------------------------------------------- per-prompt-weighted metrics
 def per_prompt_means(update: dict) -> tuple[float, float]:
     """(score, response length) averaged within each group (uid), then over the groups."""
     groups: dict[str, list[tuple[float, int]]] = {}
@@ -818,7 +818,7 @@ def test_per_prompt_weighted_score_and_length_beside_verls(joint_run):
     assert differs, "per-prompt and per-response score means never differed under Rollout-GDRO"
 
 
-# ------------------------------------------------ the preflight's round through verl's agent loop (item 6)
+# ------------------------------------------------ the preflight's round through verl's agent loop
 def test_preflight_round_counts_the_sessions_verl_puts_into_transfer_queue(
     tq_session, tmp_path_factory, tokenizer, script
 ):

@@ -1,4 +1,4 @@
-"""Signals and zero-work inputs (issue 27 item 4): every command, interrupted by SIGINT or SIGTERM once it
+"""Signals and zero-work inputs: every command, interrupted by SIGINT or SIGTERM once it
 is running, ends within seconds with one line on stderr, no traceback, exit 128 + signal, no process of
 its tree left, and nothing half-written; a request for no work is refused up front (exit 2, one line).
 
