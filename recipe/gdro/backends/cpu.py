@@ -197,7 +197,9 @@ def run_cpu(
     prepare_cpu_config(config)
     # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
     # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
-    torch.set_num_threads(int(os.environ.get("GDRO_CPU_THREADS", "1")))
+    from recipe.gdro.startup.environment import cpu_threads
+
+    torch.set_num_threads(cpu_threads())
     started = False
     if not ray.is_initialized():
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
