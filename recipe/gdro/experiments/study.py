@@ -60,7 +60,7 @@ from recipe.gdro.results.stats import (
     plan_seeds,
 )
 from recipe.gdro.results.table import markdown_table
-from verl_ext.atomic import atomic_replace
+from verl_ext.atomic import atomic_replace, blocking_file
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
@@ -729,6 +729,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    blocker = blocking_file(Path(args.results) / "runs")
+    if blocker is not None:
+        print(f"error: --results {args.results}: {blocker} is a file, not a folder", file=sys.stderr)
         return 2
     if args.stage == "report" and not (Path(args.results) / "runs").is_dir():  # report reads; it makes nothing
         print(f"error: no runs folder at {Path(args.results) / 'runs'}; run the tune stage first", file=sys.stderr)

@@ -45,6 +45,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
 from verl_ext import GDROConfig, GDROConfigError, PromptIdError, check_prompt_ids, gdro_config_from_dict
+from verl_ext.atomic import blocking_file as _blocking_file
 
 SUPPORTED_TRAINER_MODE = "sync"
 
@@ -300,18 +301,6 @@ def build_recipe_config(config: DictConfig) -> RecipeConfig:
 
 
 # --------------------------------------------------------------------------------------- output paths
-def _blocking_file(path: str) -> Optional[str]:
-    """The first existing ancestor of ``path`` (or ``path`` itself) that is not a directory, if any."""
-    p = os.path.abspath(os.path.expanduser(path))
-    while True:
-        if os.path.exists(p):
-            return None if os.path.isdir(p) else p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-
-
 def _nearest_existing(path: str) -> str:
     p = os.path.abspath(os.path.expanduser(path))
     while not os.path.exists(p) and os.path.dirname(p) != p:
