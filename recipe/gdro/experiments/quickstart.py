@@ -217,7 +217,10 @@ def main(argv=None) -> int:
     args, extra = p.parse_known_args(argv)
     methods = [m.strip() for m in args.runs.split(",")]
     if not all(methods):  # '' would train nothing and then find no curves to plot
-        print(f"quickstart: --runs {args.runs!r} has an empty item; name runs from {', '.join(RUN_LABELS)}", file=sys.stderr)
+        print(
+            f"quickstart: --runs {args.runs!r} has an empty item; name runs from {', '.join(RUN_LABELS)}",
+            file=sys.stderr,
+        )
         return 2
     unknown = [m for m in methods if m not in RUN_LABELS]
     if unknown:

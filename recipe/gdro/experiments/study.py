@@ -159,6 +159,31 @@ def config_key(config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
 
 
+# Summary fields that are NaN by design: the share of unseen prompts when a run has no step to average.
+NAN_ALLOWED = frozenset({"unseen_share"})
+
+
+def non_finite_field(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (dotted field, value) of a run summary that is NaN or infinite, outside
+    :data:`NAN_ALLOWED`; None when every number is finite. A NaN result would reach the statistics
+    (scipy's root finder stops at "function value is NaN") without naming the file or the field."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in NAN_ALLOWED:
+                continue
+            found = non_finite_field(item, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = non_finite_field(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    elif isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    return None
+
+
 class RunStore:
     """The per-run summaries under ``folder`` (one small JSON each), looked up by configuration.
 
@@ -179,6 +204,12 @@ class RunStore:
                 raise ProtocolError(
                     f"{path}: a run of protocol {str(summary.get('protocol_hash'))[:16]}, not of this protocol "
                     f"({protocol_hash[:16]}); a report never mixes protocols: move the old runs to their own folder"
+                )
+            bad = non_finite_field(summary)
+            if bad is not None:
+                raise ProtocolError(
+                    f"{path}: summary field {bad[0]!r} is {bad[1]}, not a finite number: the run's result is "
+                    "unusable; remove the file and run its stage again"
                 )
             self.index[config_key(config)] = (path, stored)
 
