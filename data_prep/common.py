@@ -450,8 +450,9 @@ class Deduper:
                 rec,
                 RowProblem(
                     self.answer_column,
-                    f"conflicting duplicate: same prompt as {first.where} but answer "
-                    f"{entry.ground_truth!r} instead of {first.ground_truth!r}",
+                    f"conflicting duplicate: same prompt as {first.where} (source id {first.source_index!r}) but "
+                    f"answer {entry.ground_truth!r} instead of {first.ground_truth!r} (source id "
+                    f"{entry.source_index!r}); the first is kept",
                 ),
             )
             return

@@ -91,9 +91,21 @@ def _raw_problem(messages, column: str = "prompt") -> str:
 
 def _source_index(row: dict) -> str:
     extra = row.get("extra_info")
+    if isinstance(extra, dict) and extra.get("source_index") is not None:  # this script's own output
+        return str(extra["source_index"])
     if isinstance(extra, dict) and extra.get("index") is not None:
         return str(extra["index"])
     return ""
+
+
+def recorded_dataset(row) -> str | None:
+    """The source dataset a file written by this package records (``extra_info.dataset`` beside its
+    ``prompt_hash``), or None for any other input. A re-read of our own output keeps that provenance,
+    instead of the hub id its chat-list prompts would suggest (the raw DAPO-Math-17k)."""
+    extra = row.get("extra_info") if isinstance(row, dict) else None
+    if isinstance(extra, dict) and extra.get("prompt_hash") and isinstance(extra.get("dataset"), str):
+        return extra["dataset"]
+    return None
 
 
 def convert(
@@ -132,7 +144,7 @@ def convert(
     else:
         raise DataPrepError(f"unknown schema {schema!r}")
     if dataset_name is None:
-        dataset_name = HUB_DATASET if schema == "processed" else RAW_HUB_DATASET
+        dataset_name = recorded_dataset(first.data) or (HUB_DATASET if schema == "processed" else RAW_HUB_DATASET)
 
     dedup = Deduper(log, answer_column)
 

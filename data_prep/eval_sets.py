@@ -190,8 +190,11 @@ def convert(spec: EvalSet, source: Source, *, strict: bool = False, stream=None)
     log = BadRowLog(summary, strict, stream)
     require_columns(source, spec.required_columns(), spec.hub_id)
     dedup = Deduper(log, spec.answer_column)
+    ids: dict[str, list[int]] = {}  # source id -> input rows (for the repeated-id warning)
     for rec in source.records:
         summary.read += 1
+        if spec.id_column and isinstance(rec.data, dict) and rec.data.get(spec.id_column) is not None:
+            ids.setdefault(str(rec.data[spec.id_column]), []).append(rec.row)
         try:
             entry = _convert_row(spec, check_row_object(rec), rec.row, rec.where)
         except RowProblem as problem:
@@ -200,11 +203,26 @@ def convert(spec: EvalSet, source: Source, *, strict: bool = False, stream=None)
         dedup.add(rec, entry)
     if not dedup.entries:
         raise DataPrepError(f"{source.name}: no valid rows to write ({summary.line()})")
+    warn_repeated_source_ids(spec, ids, stream)
     ordered = list(dedup.entries.items())  # dicts keep insertion order: first appearance
     out = build_records(ordered, data_source=spec.data_source, ability=spec.ability, split="test", dataset=spec.hub_id)
     summary.written = len(out)
     summary.check()
     return out, summary
+
+
+def warn_repeated_source_ids(spec: EvalSet, rows: dict[str, list[int]], stream=None) -> list[str]:
+    """Warn, naming them, about source ids (``spec.id_column`` -> the input rows carrying it) found on
+    more than one row: rows are kept or merged by their text, but an id that names two rows is the
+    source's defect, and a user matching results back to the source should know. Returns the lines."""
+    repeated = {k: v for k, v in rows.items() if len(v) > 1}
+    if not repeated:
+        return []
+    shown = ", ".join(f"{k!r} (rows {', '.join(map(str, v))})" for k, v in list(repeated.items())[:5])
+    more = f" and {len(repeated) - 5} more" if len(repeated) > 5 else ""
+    line = f"warning: {spec.name}: {len(repeated)} source id(s) in column {spec.id_column!r} on several rows: "
+    print(line + shown + more, file=stream if stream is not None else sys.stderr)
+    return [line + shown + more]
 
 
 def load_hub(spec: EvalSet) -> Source:
@@ -240,9 +258,11 @@ def find_local(input_dir: Path, name: str) -> Path:
 
 def parse_sets(text: str) -> list[str]:
     """``"all"`` or a comma-separated list of set names (validated)."""
-    names = list(EVAL_SETS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    names = list(EVAL_SETS) if text.strip() == "all" else [n.strip() for n in text.split(",")]
+    if not all(names):  # "math500," as "" : an empty item is a slip, not "the others"
+        raise DataPrepError(f"--sets {text!r} has an empty item; choose from: {', '.join(EVAL_SETS)} or all")
     unknown = [n for n in names if n not in EVAL_SETS]
-    if unknown or not names:
+    if unknown:
         raise DataPrepError(f"unknown set(s) {unknown or text!r}; choose from: {', '.join(EVAL_SETS)} or all")
     return list(dict.fromkeys(names))
 

@@ -21,6 +21,10 @@ DATA_DIR=${DATA_DIR:-tiny_cpu_data}
 OUT_DIR=${OUT_DIR:-tiny_cpu_out/$METHOD}
 NUM_TRAIN=${NUM_TRAIN:-640}
 NUM_VAL=${NUM_VAL:-300}
+# Named here, as the variables the user set: data_prep.arith would name its own flags (--num_train).
+for var in NUM_TRAIN NUM_VAL; do
+  [[ "${!var}" =~ ^[1-9][0-9]*$ ]] || { echo "cpu_backend_tiny.sh: $var='${!var}' is not a positive whole number (prompts for data_prep.arith)" >&2; exit 2; }
+done
 
 # The method is config/method/$METHOD.yaml, as for every launcher (Hydra's method=<name>).
 if [ ! -f "recipe/gdro/config/method/$METHOD.yaml" ]; then

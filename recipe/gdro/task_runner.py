@@ -27,7 +27,6 @@ one run of both backends: what differs is a backend object's hooks (:class:`Verl
 
 from __future__ import annotations
 
-import os
 from pprint import pprint
 
 import ray
@@ -161,7 +160,9 @@ def run_cpu(
     prepare_cpu_config(config)
     # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
     # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
-    torch.set_num_threads(int(os.environ.get("GDRO_CPU_THREADS", "1")))
+    from recipe.gdro.startup.environment import cpu_threads
+
+    torch.set_num_threads(cpu_threads())  # GDRO_CPU_THREADS, checked by the start-up checks
     started = False
     if not ray.is_initialized():
         ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)

@@ -101,31 +101,15 @@ from recipe.gdro.startup.checks import (
     handed_over,
     prompt_ids_of_table,
 )
+from recipe.gdro.startup.environment import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
-WEIGHT_SYNC_TIMEOUT_ENV = "GDRO_WEIGHT_SYNC_TIMEOUT"
-WEIGHT_SYNC_TIMEOUT_DEFAULT = 900.0
-
 
 class WeightSyncTimeout(RuntimeError):
     """A weight sync from the actor to the rollout replicas did not finish in the allowed time."""
-
-
-def weight_sync_timeout() -> float:
-    """``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (a positive number), default 900."""
-    raw = os.environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
-    if not raw:
-        return WEIGHT_SYNC_TIMEOUT_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ValueError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
-    return value
 
 
 def bounded_weight_sync(manager, timeout: float) -> None:

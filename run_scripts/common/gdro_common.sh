@@ -15,6 +15,7 @@ GDRO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 source "$GDRO_ROOT/run_scripts/common/activate_venv.sh"
 # The seven evaluation sets of Table 1 as data_prep/eval_sets.py writes them (<VAL_DIR>/<name>.parquet).
 GDRO_EVAL_SETS="math500 aime2024 aime2025 amc23 minerva olympiadbench gpqa_diamond"
+GDRO_LOG_LEVELS="CRITICAL FATAL ERROR WARN WARNING INFO DEBUG NOTSET"
 # Variables earlier versions read, each only an alias of a Hydra key: refused (not silently ignored),
 # naming the argument that replaces it.
 GDRO_REMOVED_VARS=(
@@ -80,6 +81,10 @@ gdro_launch() {
     [[ -z "${!name:-}" ]] || gdro_die "$name is no longer read by the launch scripts: pass ${item#*=} as an argument instead (docs/reproducing.md), or unset $name"
   done
 
+  # verl's (and the recipe's) loggers call setLevel on it at import: a bad level is a traceback there.
+  [[ -z "${VERL_LOGGING_LEVEL:-}" || " $GDRO_LOG_LEVELS " == *" $VERL_LOGGING_LEVEL "* ]] \
+    || gdro_die "VERL_LOGGING_LEVEL='$VERL_LOGGING_LEVEL' is not a logging level: use one of $GDRO_LOG_LEVELS"
+
   # --- which entry point ---
   gdro_flag DRY_RUN config && local dry="$GDRO_FLAG"
   gdro_flag PREFLIGHT && local preflight="$GDRO_FLAG"
@@ -90,7 +95,11 @@ gdro_launch() {
   data_dir="$(gdro_abspath "${DATA_DIR:-$HOME/data/dapo}")"
   val_dir="$(gdro_abspath "${VAL_DIR:-$data_dir/eval}")"
   gdro_hq train_q DATA_DIR "$data_dir/train.parquet"
+  [[ ! "$eval_sets" =~ (^|,)[[:space:]]*(,|$) ]] || gdro_die "EVAL_SETS='$eval_sets' has an empty item (names are separated by commas or spaces)"
   for set_name in ${eval_sets//,/ }; do
+    # A name that is neither one of the seven sets nor a file in VAL_DIR is a typo, not data to prepare.
+    [[ " $GDRO_EVAL_SETS " == *" $set_name "* || -e "$val_dir/$set_name.parquet" ]] \
+      || gdro_die "EVAL_SETS: '$set_name' is not an evaluation set (${GDRO_EVAL_SETS// /, }) and $val_dir/$set_name.parquet does not exist"
     gdro_hq val_q VAL_DIR "$val_dir/$set_name.parquet" && val_list+="${val_list:+,}$val_q"
   done
   [[ -n "$val_list" ]] || gdro_die "EVAL_SETS is empty"

@@ -956,3 +956,43 @@ def test_silent_choices_are_refused_and_nothing_is_written(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "math500.parquet" in err and "math500.jsonl" in err and "keep one" in err, err
     assert not (tmp_path / "eval").exists()
+
+
+def test_dapo_rereading_its_own_output_keeps_the_source_dataset(tmp_path, capsys):
+    """Our output's chat-list prompts look like the raw DAPO-Math-17k; the provenance it records
+    (extra_info.dataset, source_index, the file's metadata) is kept, not replaced by the raw hub id."""
+    src = write_parquet(tmp_path / "p.parquet", [processed_row(i, p, a) for i, (p, a) in enumerate(PROBLEMS)])
+    code, first = run_dapo(tmp_path, src)
+    assert code == 0
+    code, second = run_dapo(tmp_path, first, out="again")
+    assert code == 0, capsys.readouterr().err
+    before, after = read_rows(first), read_rows(second)
+    assert {r["extra_info"]["dataset"] for r in after} == {dapo.HUB_DATASET}
+    assert [r["extra_info"]["source_index"] for r in after] == [r["extra_info"]["source_index"] for r in before]
+    assert [r["prompt"] for r in after] == [r["prompt"] for r in before]
+    assert json.loads(pq.read_schema(second).metadata[b"gdro_data_prep"])["dataset"] == dapo.HUB_DATASET
+
+
+def test_eval_sets_name_repeated_and_conflicting_source_ids(tmp_path, capsys):
+    """A source id on two rows is warned about by name (the rows are still kept or merged by their text);
+    a conflicting duplicate's drop names both rows' source ids."""
+    rows, _, _ = EVAL_FIXTURES["amc23"]
+    twin = {**rows[0], "question": "A different question with the same id?", "answer": 5.0}
+    conflict = {**rows[1], "id": 77, "answer": 99.0}
+    inputs = write_eval_inputs(tmp_path / "raw", {"amc23": [*rows, twin, conflict]})
+    code = eval_sets.main(["--local_dir", str(tmp_path / "out"), "--input_dir", str(inputs), "--sets", "amc23"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"warning: amc23: 1 source id(s) in column 'id' on several rows: '0' (rows 0, {len(rows)})" in err
+    assert "conflicting duplicate: same prompt as row 1" in err and "(source id '1')" in err
+    assert "(source id '77'); the first is kept" in err
+    assert len(read_rows(tmp_path / "out" / "amc23.parquet")) == len(rows) + 1
+
+
+def test_eval_sets_refuse_an_empty_item_in_sets(tmp_path, capsys):
+    inputs = write_eval_inputs(tmp_path / "raw")
+    for sets in ("math500,", "", ",amc23", "math500,,amc23"):
+        code = eval_sets.main(["--local_dir", str(tmp_path / "out"), "--input_dir", str(inputs), "--sets", sets])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.startswith(f"error: --sets {sets!r} has an empty item"), (sets, err)
+    assert not (tmp_path / "out").exists()

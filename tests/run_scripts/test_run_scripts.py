@@ -600,3 +600,47 @@ def test_cpu_backend_launcher_is_named_for_its_backend():
         *REPO.glob("recipe/**/*.py"),
     ]:
         assert "tiny_cpu.sh" not in path.read_text(encoding="utf-8"), path
+
+
+def test_launcher_variables_are_named_as_the_user_set_them(tmp_path, stub_python):
+    """A variable a launcher hands to another program's flag, or to Hydra, is refused (exit 2) naming the
+    variable, not the flag (before: "arith.py: error: argument --num_train"); an evaluation-set typo names
+    the set and the seven valid names (before: "missing data file ... prepare the data"); an empty item in
+    EVAL_SETS is refused; a logging level verl's loggers would refuse at import is refused first."""
+    stub, read = stub_python
+    cases = [
+        (RUN_SCRIPTS / "tiny_grpo.sh", {"NUM_TRAIN": "many"}, "NUM_TRAIN='many' is not a positive whole number"),
+        (RUN_SCRIPTS / "tiny_grpo.sh", {"NUM_VAL": "0"}, "NUM_VAL='0' is not a positive whole number"),
+        (RUN_SCRIPTS / "cpu_backend_tiny.sh", {"NUM_TRAIN": "many"}, "NUM_TRAIN='many' is not a positive whole"),
+        (script_path("1.7b", "grpo"), {"EVAL_SETS": "math500,mathh600"}, "'mathh600' is not an evaluation set"),
+        (script_path("1.7b", "grpo"), {"EVAL_SETS": "math500,"}, "EVAL_SETS='math500,' has an empty item"),
+        (script_path("1.7b", "grpo"), {"VERL_LOGGING_LEVEL": "abc"}, "VERL_LOGGING_LEVEL='abc' is not a logging level"),
+    ]
+    for script, env, message in cases:
+        proc = run_script(script, env=clean_env(PYTHON=str(stub), DATA_DIR=str(tmp_path / "d"), **env), cwd=tmp_path)
+        assert proc.returncode == 2, (env, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert read() is None
+    typo = run_script(script_path("1.7b", "grpo"), env=clean_env(PYTHON=str(stub), EVAL_SETS="mathh600"), cwd=tmp_path)
+    assert f"({', '.join(EVAL_SETS)})" in typo.stderr
+    # a set name that is a file in VAL_DIR (the tiny launchers' `val`) is not a typo
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "val.parquet").write_bytes(b"")
+    env = clean_env(PYTHON=str(stub), VAL_DIR=str(tmp_path / "v"), EVAL_SETS="val", VERL_LOGGING_LEVEL="DEBUG")
+    assert run_script(script_path("1.7b", "grpo"), env=env, cwd=tmp_path).returncode == 0
+    assert read()[-1] == f"data.val_files=['{tmp_path}/v/val.parquet']"
+
+
+@pytest.mark.skipif(
+    "avx2" not in Path("/proc/cpuinfo").read_text(), reason="the script refuses a CPU without AVX2 first"
+)
+def test_setup_vllm_cpu_refuses_a_venv_path_it_cannot_write_before_installing(tmp_path):
+    """Exit 2 naming the path, before the ~10 min install is announced (before: exit 1 with python -m venv's
+    message after the announcement)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    env = clean_env(GDRO_VLLM_VENV=str(blocker / "venv"), PYTHON=sys.executable)
+    proc = run_script(RUN_SCRIPTS / "setup_vllm_cpu.sh", env=env, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert f"cannot make the venv at {blocker}/venv: {blocker} is not a writable folder" in proc.stderr
+    assert "installing" not in proc.stdout + proc.stderr

@@ -215,7 +215,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="quickstart_out")
     p.add_argument("--install-seconds", type=float, default=None, help="shown in the report (quickstart.sh)")
     args, extra = p.parse_known_args(argv)
-    methods = [m.strip() for m in args.runs.split(",") if m.strip()]
+    methods = [m.strip() for m in args.runs.split(",")]
+    if not all(methods):  # '' would train nothing and then find no curves to plot
+        print(
+            f"quickstart: --runs {args.runs!r} has an empty item; name runs from {', '.join(RUN_LABELS)}",
+            file=sys.stderr,
+        )
+        return 2
     unknown = [m for m in methods if m not in RUN_LABELS]
     if unknown:
         print(f"quickstart: unknown run {unknown[0]!r}; use {', '.join(RUN_LABELS)}", file=sys.stderr)

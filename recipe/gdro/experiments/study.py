@@ -60,7 +60,7 @@ from recipe.gdro.results.stats import (
     plan_seeds,
 )
 from recipe.gdro.results.table import markdown_table
-from verl_ext.atomic import atomic_replace
+from verl_ext.atomic import atomic_replace, blocking_file
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
@@ -159,6 +159,31 @@ def config_key(config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
 
 
+# Summary fields that are NaN by design: the share of unseen prompts when a run has no step to average.
+NAN_ALLOWED = frozenset({"unseen_share"})
+
+
+def non_finite_field(value: Any, where: str = "") -> tuple[str, float] | None:
+    """The first (dotted field, value) of a run summary that is NaN or infinite, outside
+    :data:`NAN_ALLOWED`; None when every number is finite. A NaN result would reach the statistics
+    (scipy's root finder stops at "function value is NaN") without naming the file or the field."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in NAN_ALLOWED:
+                continue
+            found = non_finite_field(item, f"{where}.{key}" if where else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = non_finite_field(item, f"{where}[{i}]")
+            if found is not None:
+                return found
+    elif isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    return None
+
+
 class RunStore:
     """The per-run summaries under ``folder`` (one small JSON each), looked up by configuration.
 
@@ -179,6 +204,12 @@ class RunStore:
                 raise ProtocolError(
                     f"{path}: a run of protocol {str(summary.get('protocol_hash'))[:16]}, not of this protocol "
                     f"({protocol_hash[:16]}); a report never mixes protocols: move the old runs to their own folder"
+                )
+            bad = non_finite_field(summary)
+            if bad is not None:
+                raise ProtocolError(
+                    f"{path}: summary field {bad[0]!r} is {bad[1]}, not a finite number: the run's result is "
+                    "unusable; remove the file and run its stage again"
                 )
             self.index[config_key(config)] = (path, stored)
 
@@ -729,6 +760,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    blocker = blocking_file(Path(args.results) / "runs")
+    if blocker is not None:
+        print(f"error: --results {args.results}: {blocker} is a file, not a folder", file=sys.stderr)
         return 2
     if args.stage == "report" and not (Path(args.results) / "runs").is_dir():  # report reads; it makes nothing
         print(f"error: no runs folder at {Path(args.results) / 'runs'}; run the tune stage first", file=sys.stderr)

@@ -52,8 +52,9 @@ from recipe.gdro.results.stats import paired_ci
 from recipe.gdro.results.table import markdown_row, markdown_table
 from recipe.gdro.sim.learner import DEFAULT_LEARNER, LEARNERS
 from recipe.gdro.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, check_method, default_methods, lookup_tuned_lr
-from recipe.gdro.sim.scenario import Scenario, load_scenario, shipped_scenarios
+from recipe.gdro.sim.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
 from recipe.gdro.sim.simulate import SYNTHETIC_NOTE, _pct, run_experiment
+from verl_ext import GDROConfigError
 
 SWEEP_PLAN = Path(__file__).resolve().parent / "protocols" / "sim_sweep.yaml"
 
@@ -494,17 +495,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if value is not None and value < 1:
             print(f"error: {flag} {value}: must be >= 1", file=sys.stderr)
             return 2
-    for s in args.scenarios:
-        load_scenario(s)
-    cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
-    shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
-    if args.what in ("tune", "all"):
-        seed0 = load_plan().tune_seed0
-        tune_seeds = range(seed0, seed0 + args.tune_seeds)
-        print(tune(args.scenarios, RunSpec(seeds=list(tune_seeds), **shared), args.out, args.table))
-    if args.what in ("study", "all"):
-        spec = RunSpec(seeds=list(range(args.seeds)), **shared)
-        print(study(args.scenarios, spec, args.out, args.table, cmd, args.full))
+    try:  # bad input in one line, as simulate does (a scenario file, a tuned-lr table, a value)
+        for s in args.scenarios:
+            load_scenario(s)
+        cmd = "python -m recipe.gdro.experiments.sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+        shared = {"learner": args.learner, "steps": args.steps, "workers": args.workers, "progress": not args.quiet}
+        if args.what in ("tune", "all"):
+            seed0 = load_plan().tune_seed0
+            tune_seeds = range(seed0, seed0 + args.tune_seeds)
+            print(tune(args.scenarios, RunSpec(seeds=list(tune_seeds), **shared), args.out, args.table))
+        if args.what in ("study", "all"):
+            spec = RunSpec(seeds=list(range(args.seeds)), **shared)
+            print(study(args.scenarios, spec, args.out, args.table, cmd, args.full))
+    except (ScenarioError, GDROConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

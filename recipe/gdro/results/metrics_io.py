@@ -23,7 +23,9 @@ When a run resumes from ``global_step_N`` it first drops the lines of steps > N,
 validation alike (:func:`rewind_metrics_jsonl`), so the file never holds a step twice;
 :func:`read_metrics_jsonl` (training lines) and :func:`read_validation_jsonl` (validation lines)
 additionally keep only the last line per step, so a file copied from an interrupted run still reads
-cleanly.
+cleanly. A file whose training steps go back to its first step holds two runs (a fresh start appended
+to an old run's file) and is refused naming the line; a literal NaN / Infinity (this writer never
+writes one) is read as missing, with a warning naming the file, line and field.
 
 No verl import: the plotting tool reads these files without verl.
 """
@@ -41,6 +43,9 @@ from verl_ext.atomic import atomic_replace
 
 __all__ = [
     "VAL_STEP_KEY",
+    "MetricsFileWarning",
+    "NonFiniteValueWarning",
+    "TruncatedLineWarning",
     "append_metrics_jsonl",
     "append_validation_jsonl",
     "metrics_record",
@@ -103,7 +108,11 @@ def _append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
         f.flush()
 
 
-class TruncatedLineWarning(UserWarning):
+class MetricsFileWarning(UserWarning):
+    """Something in a metrics file the readers passed over (the message names the file and line)."""
+
+
+class TruncatedLineWarning(MetricsFileWarning):
     """A metrics file's last line was cut (a run killed mid-write): that record is skipped."""
 
 
@@ -122,10 +131,16 @@ def _read_text(path: str | os.PathLike) -> str:
         ) from None
 
 
+class NonFiniteValueWarning(MetricsFileWarning):
+    """A metrics file holds a literal NaN / Infinity (this format writes ``null``): read as missing."""
+
+
 def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]]:
     lines = _read_text(path).split("\n")
     by_step: dict[int, dict[str, Any]] = {}
     last = len(lines) - 1
+    first_step = previous = None  # of the training lines: (step, line number)
+    non_finite: list[str] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -143,12 +158,36 @@ def _read_records(path: str | os.PathLike, step_key: str) -> list[dict[str, Any]
         if not isinstance(record, dict) or ("step" not in record and VAL_STEP_KEY not in record):
             raise ValueError(f"{path}: line {number} has neither 'step' nor '{VAL_STEP_KEY}'")
         _check_types(path, number, record)
+        non_finite += [f"line {number} field {k!r} = {v}" for k, v in record.items() if _is_non_finite(v)]
+        if "step" in record:
+            step = int(record["step"])
+            # A resume rewinds the file (rewind_metrics_jsonl); a copy that missed the rewind repeats steps
+            # after the resume point, never the file's first step. Back at the first step is a second run.
+            if previous is not None and step <= first_step[0] < previous[0]:
+                raise ValueError(
+                    f"{path}: line {number}: step {step} again after step {previous[0]} (line {previous[1]}): the "
+                    f"file holds two runs (the first from line {first_step[1]}); keep one run per file (split it "
+                    f"at line {number})"
+                )
+            first_step = first_step or (step, number)
+            previous = (step, number)
         if step_key not in record:
             continue  # the other kind of line
         step = int(record[step_key])
-        by_step[step] = {k: (float("nan") if v is None else v) for k, v in record.items()}
+        by_step[step] = {k: (float("nan") if v is None or _is_non_finite(v) else v) for k, v in record.items()}
         by_step[step][step_key] = step
+    if non_finite:
+        warnings.warn(
+            f"{path}: {len(non_finite)} literal NaN/Infinity value(s) ({non_finite[0]}"
+            f"{', ...' if len(non_finite) > 1 else ''}); this format writes null for a missing value: read as missing",
+            NonFiniteValueWarning,
+            stacklevel=3,
+        )
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _is_non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _check_types(path: str | os.PathLike, number: int, record: dict[str, Any]) -> None:

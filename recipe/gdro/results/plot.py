@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import warnings
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -150,6 +150,13 @@ def save_figure(fig: Any, path: str) -> str:
     return path
 
 
+def finish_figure(fig: Any, title: str, path: str) -> str:
+    """How every figure of the plotting tools ends: its title, a tight layout, the PNG (:func:`save_figure`)."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
 def log_axis(ax: Any, which: str) -> None:
     """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -257,13 +264,14 @@ def plot_gdro_run(
         axes[2].set_ylabel("centre of mass\n(bin index)")
         axes[2].set_xlabel("step")
         axes[2].legend(fontsize=8)
-        fig.suptitle(
-            f"{title}\nPrompt-GDRO traveling wave: adversary weight vs data share per bin "
-            f"(bin 0 = hardest){smooth_note}",
-            fontsize=10,
+        files.append(
+            finish_figure(
+                fig,
+                f"{title}\nPrompt-GDRO traveling wave: adversary weight vs data share per bin "
+                f"(bin 0 = hardest){smooth_note}",
+                os.path.join(out_dir, f"{pre}traveling_wave.png"),
+            )
         )
-        fig.tight_layout()
-        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}traveling_wave.png")))
 
         ncol = 4
         nrow = math.ceil(G / ncol)
@@ -279,9 +287,13 @@ def plot_gdro_run(
         for j in range(G, nrow * ncol):
             axes[j // ncol][j % ncol].axis("off")
         axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"{title}\nadversary weight q(b) against data share, per bin{smooth_note}", fontsize=10)
-        fig.tight_layout()
-        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}weight_vs_share_per_bin.png")))
+        files.append(
+            finish_figure(
+                fig,
+                f"{title}\nadversary weight q(b) against data share, per bin{smooth_note}",
+                os.path.join(out_dir, f"{pre}weight_vs_share_per_bin.png"),
+            )
+        )
 
     # ---- no adversary (a GRPO baseline logged in observe-only mode): how the bins evolve
     if not prompt_adversary_active(s) and not rollout_adversary_active(s):
@@ -299,11 +311,13 @@ def plot_gdro_run(
         ax1.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         for ax in (ax0, ax1):
             ax.set_xlabel("step")
-        fig.suptitle(
-            f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}", fontsize=10
+        files.append(
+            finish_figure(
+                fig,
+                f"{title}\nno adversary active: difficulty bins over steps (bin 0 = hardest){smooth_note}",
+                os.path.join(out_dir, f"{pre}bins.png"),
+            )
         )
-        fig.tight_layout()
-        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}bins.png")))
 
     # ---- Rollout-GDRO
     if "rollout" in what and rollout_adversary_active(s):
@@ -345,9 +359,13 @@ def plot_gdro_run(
         ax2.set_xlabel("mean data share")
         ax2.set_ylabel("mean compute share")
         ax2.set_title("above the diagonal = more rollouts\nthan its share of prompts", fontsize=8)
-        fig.suptitle(f"{title}\nRollout-GDRO: compute share vs data share per bin{smooth_note}", fontsize=10)
-        fig.tight_layout()
-        files.append(save_figure(fig, os.path.join(out_dir, f"{pre}compute_share.png")))
+        files.append(
+            finish_figure(
+                fig,
+                f"{title}\nRollout-GDRO: compute share vs data share per bin{smooth_note}",
+                os.path.join(out_dir, f"{pre}compute_share.png"),
+            )
+        )
 
         mu = s.get("gdro/mu")
         red = s.get("gdro/se_proxy_reduction")
@@ -373,9 +391,13 @@ def plot_gdro_run(
                 if mu is not None
                 else "standard-error proxy (this allocator has no shadow price μ)"
             )
-            fig.suptitle(f"{title}\nRollout-GDRO: {what_t} (controller's own estimates)", fontsize=10)
-            fig.tight_layout()
-            files.append(save_figure(fig, os.path.join(out_dir, f"{pre}mu.png")))
+            files.append(
+                finish_figure(
+                    fig,
+                    f"{title}\nRollout-GDRO: {what_t} (controller's own estimates)",
+                    os.path.join(out_dir, f"{pre}mu.png"),
+                )
+            )
     return files
 
 
@@ -414,28 +436,61 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
     return files
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m recipe.gdro.results.plot",
-        description="Plot GDRO per-step metrics of a training run (JSONL).",
-    )
-    p.add_argument("path", help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a folder of them")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: beside the input)")
+def plot_cli(
+    argv: Optional[Sequence[str]],
+    *,
+    prog: str,
+    description: str,
+    path_help: str,
+    out_help: str,
+    refuse: Callable[[str], Optional[str]],
+    plot: Callable[[str, Optional[str]], list[str]],
+) -> int:
+    """The command line both plotting tools share (``PATH [--out DIR]``): ``refuse(path)`` names an input it
+    will not read, ``plot(path, out)`` returns the PNGs it wrote. Bad input is one line and exit 2; the
+    metrics readers' warnings (a cut line, a literal NaN) are one ``warning:`` line each."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("path", help=path_help)
+    p.add_argument("--out", default=None, help=out_help)
     args = p.parse_args(argv)
-    if not os.path.exists(args.path):
-        print(f"error: {args.path}: no such file or folder", file=sys.stderr)
+    problem = refuse(args.path)
+    if problem is None and args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        problem = f"--out {args.out} is an existing file, not a folder"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
-        print(f"error: --out {args.out} is an existing file, not a folder", file=sys.stderr)
-        return 2
-    try:
-        files = plot_path(args.path, args.out)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    from recipe.gdro.results.metrics_io import MetricsFileWarning
+
+    files, error = [], None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MetricsFileWarning)
+        try:
+            files = plot(args.path, args.out)
+        except (ValueError, OSError) as exc:
+            error = exc
+    for w in caught:
+        if issubclass(w.category, MetricsFileWarning):
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
         return 2
     for f in files:
         print(f)
     return 0 if files else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    return plot_cli(
+        argv,
+        prog="python -m recipe.gdro.results.plot",
+        description="Plot GDRO per-step metrics of a training run (JSONL).",
+        path_help="metrics JSONL file (e.g. gdro_metrics.jsonl) or a folder of them",
+        out_help="folder for the PNGs (default: beside the input)",
+        refuse=lambda path: None if os.path.exists(path) else f"{path}: no such file or folder",
+        plot=plot_path,
+    )
 
 
 if __name__ == "__main__":

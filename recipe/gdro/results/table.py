@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from recipe.gdro.results.metrics_io import VAL_STEP_KEY, TruncatedLineWarning, read_validation_jsonl
+from recipe.gdro.results.metrics_io import VAL_STEP_KEY, MetricsFileWarning, read_validation_jsonl
 from verl_ext.atomic import atomic_replace
 
 METRICS_FILE = "gdro_metrics.jsonl"
@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list_sets:
         try:
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", TruncatedLineWarning)
+                warnings.simplefilter("ignore", MetricsFileWarning)
                 print(list_sets_text(args.runs))
         except (ResultsTableError, ValueError, OSError) as e:
             print(f"results_table: error: {e}", file=sys.stderr)
@@ -297,15 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", TruncatedLineWarning)
+            warnings.simplefilter("always", MetricsFileWarning)
             rows = build_rows(args.runs, args.step)
     except (ResultsTableError, ValueError, OSError) as e:
         print(f"results_table: error: {e}", file=sys.stderr)
         return 2
-    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, TruncatedLineWarning)):
+    for message in dict.fromkeys(str(w.message) for w in caught if issubclass(w.category, MetricsFileWarning)):
         print(f"results_table: warning: {message}", file=sys.stderr)
     for w in caught:
-        if not issubclass(w.category, TruncatedLineWarning):
+        if not issubclass(w.category, MetricsFileWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if args.csv:  # before the table is printed: a bad --csv path leaves no output at all
         if os.path.isdir(args.csv):

@@ -86,6 +86,11 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
     import csv
 
     if not os.path.exists(path):
+        from verl_ext.atomic import blocking_file
+
+        blocker = blocking_file(path)
+        if blocker is not None:  # not a table still to tune: a path that cannot hold one
+            raise ValueError(f"{path}: {blocker} is a file, not a folder")
         raise ValueError(f"{path}: no tuned-lr table; write it with python -m recipe.gdro.experiments.sweep tune")
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -7,7 +7,6 @@ training-run plots of :mod:`recipe.gdro.results.plot` drawn from the simulator's
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -44,13 +43,12 @@ def plot_accuracy_curves(res: Mapping[str, Any], out_dir: str) -> str:
         ax.set_xlabel("step")
     axes[1].legend(fontsize=8)
     n_seeds = len(res["seeds"])
-    fig.suptitle(
+    return run_plots.finish_figure(
+        fig,
         f"{run_plots.SYNTH_TAG} scenario {res['scenario']['name']}: accuracy per method at equal total rollouts "
         f"(mean ± std over {n_seeds} seed{'s' if n_seeds > 1 else ''}) — synthetic, not LLM evidence",
-        fontsize=10,
+        os.path.join(out_dir, "accuracy_curves.png"),
     )
-    fig.tight_layout()
-    return run_plots.save_figure(fig, os.path.join(out_dir, "accuracy_curves.png"))
 
 
 def plot_skill_compute_share(res: Mapping[str, Any], out_dir: str) -> str:
@@ -109,13 +107,12 @@ def plot_token_curves(res: Mapping[str, Any], out_dir: str) -> str:
         ax.set_xlabel("step")
     axes[1].legend(fontsize=8)
     n_seeds = len(res["seeds"])
-    fig.suptitle(
+    return run_plots.finish_figure(
+        fig,
         f"{run_plots.SYNTH_TAG} scenario {res['scenario']['name']}: tokens per step (mean ± std over {n_seeds} "
         f"seed{'s' if n_seeds > 1 else ''}; failures run longer) — synthetic, not LLM evidence",
-        fontsize=10,
+        os.path.join(out_dir, "token_curves.png"),
     )
-    fig.tight_layout()
-    return run_plots.save_figure(fig, os.path.join(out_dir, "token_curves.png"))
 
 
 def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
@@ -143,19 +140,20 @@ def plot_simulation(sim_dir: str, out_dir: Optional[str] = None) -> list[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(
+    def refuse(path: str) -> Optional[str]:
+        if os.path.exists(os.path.join(path, "results.json")):
+            return None
+        return f"{path}: not a simulator output folder (no results.json)"
+
+    return run_plots.plot_cli(
+        argv,
         prog="python -m recipe.gdro.sim.plots",
         description="Plot a simulator output folder (results.json and metrics/<method>/seed*.jsonl).",
+        path_help="a simulator output folder (python -m recipe.gdro.sim.simulate --out)",
+        out_help="folder for the PNGs (default: the simulator folder)",
+        refuse=refuse,
+        plot=plot_simulation,
     )
-    p.add_argument("path", help="a simulator output folder (python -m recipe.gdro.sim.simulate --out)")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default: the simulator folder)")
-    args = p.parse_args(argv)
-    if not os.path.exists(os.path.join(args.path, "results.json")):
-        print(f"error: {args.path}: not a simulator output folder (no results.json)", file=sys.stderr)
-        return 2
-    for f in plot_simulation(args.path, args.out):
-        print(f)
-    return 0
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ The checks, in the order :func:`prepare` runs them:
 from __future__ import annotations
 
 import asyncio
+import errno
 import inspect
 import math
 import os
@@ -51,6 +52,7 @@ from verl_ext import (
     gdro_config_from_dict,
     gdro_config_to_dict,
 )
+from verl_ext.atomic import blocking_file as _blocking_file
 
 SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
 # verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
@@ -327,18 +329,6 @@ def build_recipe_config(config: DictConfig) -> RecipeConfig:
 
 
 # --------------------------------------------------------------------------------------- output paths
-def _blocking_file(path: str) -> Optional[str]:
-    """The first existing ancestor of ``path`` (or ``path`` itself) that is not a directory, if any."""
-    p = os.path.abspath(os.path.expanduser(path))
-    while True:
-        if os.path.exists(p):
-            return None if os.path.isdir(p) else p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
-
-
 def _nearest_existing(path: str) -> str:
     p = os.path.abspath(os.path.expanduser(path))
     while not os.path.exists(p) and os.path.dirname(p) != p:
@@ -1092,6 +1082,27 @@ def count_rows(path: str, key: str, columns: tuple[str, ...] = ()) -> int:
     )
 
 
+def _refuse_link_loop(key: str, path: str) -> None:
+    """A path that "does not exist" because a symbolic link on it points back at itself (``DATA_DIR``
+    linked in a loop) is refused naming the link, not reported as data still to prepare."""
+    local = os.path.abspath(_local_path(path))
+    try:
+        os.stat(local)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            return
+        part = local
+        while os.path.dirname(part) != part:  # the shortest prefix of the path that loops: the link at fault
+            parent = os.path.dirname(part)
+            try:
+                os.stat(parent)
+            except OSError:
+                part = parent
+                continue
+            break
+        raise GDRORecipeError(f"{key}: {path}: {part} is a symbolic link loop (it resolves back to itself)") from None
+
+
 def check_dry_run_data(config: DictConfig, *, config_only: bool) -> DataFiles:
     """The data half of a dry run: every local training and validation file exists and is readable,
     and the training files hold at least ``data.train_batch_size`` prompts (verl's v1 trainer drops
@@ -1108,6 +1119,7 @@ def check_dry_run_data(config: DictConfig, *, config_only: bool) -> DataFiles:
                 found.remote.append(path)
                 continue
             if not os.path.exists(_local_path(path)):
+                _refuse_link_loop(key, path)
                 found.missing.append((key, path))
                 continue
             rows = count_rows(path, key, columns=(str(config.data.get("prompt_key", "prompt")),))
@@ -1172,6 +1184,9 @@ def prepare(
     on another machine cannot make: a writable checkpoint folder, a local model folder that holds a
     model, a running Ray cluster for several nodes.
     """
+    from recipe.gdro.startup.environment import check_environment  # (imports this module)
+
+    check_environment()
     check_verl_keys(config)
     check_required_keys(config)
     check_layout(config)

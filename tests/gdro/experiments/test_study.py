@@ -228,3 +228,31 @@ def test_the_direct_cli_is_its_dataclass_and_keeps_its_flags():
         direct.parse_args(["--method", "joint"])
     with pytest.raises(ValueError, match="whole number of steps"):
         direct.warm_steps(direct.DirectConfig(warm_start=1, num_train=10, prompts=4, n=2, steps=5))
+
+
+def test_a_run_summary_with_a_nan_result_is_named_with_its_field(tmp_path, capsys):
+    """Before: scipy's "function value is NaN", naming neither the file nor the field."""
+    committed = sorted((RESULTS / "runs").glob("primary-grpo-*.json"))[0]
+    stored = json.loads(committed.read_text())
+    stored["summary"]["final_exact_by_skill"]["add2"] = float("nan")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / committed.name).write_text(json.dumps(stored, allow_nan=True))
+    assert study.main(["report", "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {runs / committed.name}: summary field 'final_exact_by_skill.add2' is nan, not a finite number: "
+        "the run's result is unusable; remove the file and run its stage again"
+    )
+    # the NaN the harness writes by design (no step to average) is not refused
+    assert study.non_finite_field({"unseen_share": float("nan"), "curve": [{"exact": 0.5}]}) is None
+    assert study.non_finite_field({"curve": [{"exact": float("inf")}]}) == ("curve[0].exact", float("inf"))
+
+
+def test_study_results_below_a_file_is_named(tmp_path, capsys):
+    """Before: "no runs folder ...; run the tune stage first"."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for stage in ("report", "tune"):
+        assert study.main([stage, "--results", str(blocker / "r")]) == 2
+        assert capsys.readouterr().err.strip() == f"error: --results {blocker / 'r'}: {blocker} is a file, not a folder"

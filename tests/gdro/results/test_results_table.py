@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,54 @@ def test_list_sets_shows_what_a_run_validated_on(tmp_path, capsys):
     assert "| cpu | arith_add2 | 0, 10 | mean@1 | 105 | - |" in out
     assert "full: has every set Table 1 needs" in out
     assert "cpu: Table 1 also needs math500, aime2024" in out
+
+
+def test_a_file_holding_two_runs_is_refused_naming_the_line(tmp_path, capsys):
+    """Steps back at the file's first step are a second run appended to the first (a fresh start in the same
+    folder): the table and the plot refuse it naming the line, instead of silently keeping the later run's
+    steps. A copy that missed a resume's rewind (steps repeated after the resume point) still reads, as before."""
+    from recipe.gdro.results import plot as RP
+
+    run = tmp_path / "gdro_metrics.jsonl"
+    for step in (1, 2, 3):
+        append_metrics_jsonl(run, step, {"gdro/mu": 0.1 * step})
+    append_validation_jsonl(run, 3, val_record(uniform(0.5), uniform(0.8), {s: 10 for s in SOURCES}))
+    for step in (1, 2):  # the second run
+        append_metrics_jsonl(run, step, {"gdro/mu": 5.0})
+    message = f"{run}: line 5: step 1 again after step 3 (line 3): the file holds two runs (the first from line 1)"
+    for reader in (read_metrics_jsonl, read_validation_jsonl):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            reader(run)
+    assert RT.main([str(run)]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"results_table: error: {message}")
+    assert RP.main([str(run), "--out", str(tmp_path / "plots")]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"error: {message}")
+    # resumed at step 2 without the rewind: step 3 written twice, the later line wins
+    resumed = tmp_path / "resumed.jsonl"
+    for step, mu in ((1, 0.1), (2, 0.2), (3, 0.3), (3, 0.9), (4, 0.4)):
+        append_metrics_jsonl(resumed, step, {"gdro/mu": mu})
+    assert [r["gdro/mu"] for r in read_metrics_jsonl(resumed)] == [0.1, 0.2, 0.9, 0.4]
+
+
+def test_literal_nan_and_infinity_are_read_as_missing_with_a_warning_by_name(tmp_path, capsys):
+    """This writer writes null; a literal NaN / Infinity (a foreign or hand-made file) was plotted with only
+    matplotlib's overflow warning. It is read as missing, and the tools warn naming file, line and field."""
+    from recipe.gdro.results import plot as RP
+    from recipe.gdro.results.metrics_io import NonFiniteValueWarning
+
+    run = tmp_path / "gdro_metrics.jsonl"
+    _two_validations(run)
+    run.write_text(
+        run.read_text().replace('"val-aux/num_turns/mean": 2.0', '"val-aux/num_turns/mean": Infinity', 1)
+        + '{"step": 1, "gdro/mu": NaN}\n'
+    )
+    with pytest.warns(NonFiniteValueWarning, match=r"line 1 field 'val-aux/num_turns/mean' = inf"):
+        records = read_validation_jsonl(run)
+    assert math.isnan(records[0]["val-aux/num_turns/mean"])
+    with pytest.warns(NonFiniteValueWarning, match=r"2 literal NaN/Infinity value\(s\)"):
+        assert math.isnan(read_metrics_jsonl(run)[0]["gdro/mu"])
+    assert RT.main([str(run)]) == 0
+    err = capsys.readouterr().err
+    assert f"results_table: warning: {run}: 2 literal NaN/Infinity value(s)" in err and "Overflow" not in err
+    RP.main([str(run), "--out", str(tmp_path / "plots")])
+    assert f"warning: {run}: 2 literal NaN/Infinity value(s)" in capsys.readouterr().err

@@ -730,3 +730,24 @@ def test_methods_are_the_registry_files_and_variants_are_overrides_on_them():
     from recipe.gdro.sim.simulate import main
 
     assert main(["--methods", "joint", "--out", "/nonexistent/never"]) == 2
+
+
+def test_sweep_bad_input_is_one_line_as_in_simulate(tmp_path, capsys):
+    """A bad scenario (ScenarioError) or tuned-lr table (ValueError) exits 2 with one line, no traceback; a
+    table path below a file is named as such, not as a table still to tune."""
+    from recipe.gdro.experiments.sweep import main as sweep_main
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    bad_scenario = tmp_path / "bad.yaml"
+    bad_scenario.write_text("name: bad\nskills: 3\n")
+    cases = [
+        (["study", "--scenarios", "nope"], "error: scenario 'nope': no such file"),
+        (["study", "--scenarios", str(bad_scenario)], "error: "),
+        (["study", "--table", str(blocker / "t.csv")], f"error: {blocker}/t.csv: {blocker} is a file, not a folder"),
+        (["study", "--table", str(tmp_path / "none.csv")], f"error: {tmp_path}/none.csv: no tuned-lr table"),
+    ]
+    for argv, start in cases:
+        assert sweep_main([*argv, "--seeds", "1", "--steps", "1", "--quiet", "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(start) and "\n" not in err, (argv, err)

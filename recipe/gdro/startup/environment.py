@@ -1,0 +1,90 @@
+"""The environment variables the recipe reads, parsed and checked in one place, before Ray starts.
+
+Every variable the recipe's Python code reads is parsed here (or by the function named in its row),
+so that a dry run refuses a bad value with one line naming the variable, instead of the trainer
+refusing it after Ray, the workers and vLLM are up. The launch scripts' own variables (``DRY_RUN``,
+``DATA_DIR``, ``EVAL_SETS``, ``NUM_TRAIN``, ...) are checked by the scripts themselves
+(run_scripts/common/gdro_common.sh), because bash uses them before Python starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from recipe.gdro.startup.checks import GDRORecipeError
+
+WEIGHT_SYNC_TIMEOUT_ENV = "GDRO_WEIGHT_SYNC_TIMEOUT"
+WEIGHT_SYNC_TIMEOUT_DEFAULT = 900.0
+CPU_THREADS_ENV = "GDRO_CPU_THREADS"
+CPU_PLATFORM_ENV = "GDRO_CPU_PLATFORM"
+SKIP_SHIMS_ENV = "GDRO_CPU_PLATFORM_SKIP_SHIMS"
+LOGGING_LEVEL_ENV = "VERL_LOGGING_LEVEL"
+LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
+
+
+def weight_sync_timeout(environ: Mapping[str, str] = os.environ) -> float:
+    """``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (a positive, finite number), default 900."""
+    raw = environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
+    if not raw:
+        return WEIGHT_SYNC_TIMEOUT_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise GDRORecipeError(f"{WEIGHT_SYNC_TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
+
+
+def cpu_threads(environ: Mapping[str, str] = os.environ) -> int:
+    """``GDRO_CPU_THREADS``: torch threads of the CPU backend's stand-ins (a whole number >= 1), default 1."""
+    raw = environ.get(CPU_THREADS_ENV, "")
+    if not raw:
+        return 1
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise GDRORecipeError(f"{CPU_THREADS_ENV}={raw!r}: expected a whole number of threads >= 1")
+    return int(raw)
+
+
+def _check_cpu_platform(environ: Mapping[str, str]) -> None:
+    raw = environ.get(CPU_PLATFORM_ENV, "")
+    if raw not in ("", "0", "1"):
+        raise GDRORecipeError(f"{CPU_PLATFORM_ENV}={raw!r}: expected 0 (off) or 1 (on, the default)")
+    raw = environ.get(SKIP_SHIMS_ENV, "")
+    names = {n.strip() for n in raw.split(",") if n.strip()}
+    if names:
+        # Imported only when the variable is set: the module is light (no verl, no torch at import).
+        from recipe.gdro.backends.cpu_platform import SHIMS
+
+        known = sorted(shim.__name__ for shim in SHIMS)
+        unknown = sorted(names - set(known))
+        if unknown:
+            raise GDRORecipeError(f"{SKIP_SHIMS_ENV}={raw!r} names no shim: {unknown}; the shims: {known}")
+
+
+def _check_logging_level(environ: Mapping[str, str]) -> None:
+    raw = environ.get(LOGGING_LEVEL_ENV, "")
+    if raw and raw not in LOGGING_LEVELS:
+        raise GDRORecipeError(f"{LOGGING_LEVEL_ENV}={raw!r}: expected one of {', '.join(LOGGING_LEVELS)}")
+
+
+def check_environment(environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse (:class:`GDRORecipeError`, naming the variable) a bad value of any variable the recipe
+    reads. Two are parsed elsewhere, where they act: ``GDRO_SHIP_CODE`` by
+    :func:`recipe.gdro.startup.cluster.ship_code_to_workers` (run by the dry run too), and
+    ``RAY_ADDRESS``, only tested for presence (:func:`recipe.gdro.startup.checks.check_ray_cluster`)."""
+    weight_sync_timeout(environ)
+    cpu_threads(environ)
+    _check_cpu_platform(environ)
+    _check_logging_level(environ)
+
+
+__all__ = [
+    "LOGGING_LEVELS",
+    "WEIGHT_SYNC_TIMEOUT_DEFAULT",
+    "WEIGHT_SYNC_TIMEOUT_ENV",
+    "check_environment",
+    "cpu_threads",
+    "weight_sync_timeout",
+]
