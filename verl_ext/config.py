@@ -445,7 +445,7 @@ class RolloutGDROConfig:
     n_max: int | None = field(
         default=None,
         metadata={
-            "brief": "largest count for any prompt; ``null`` = 3·n̄ (the appendix's rule: 12 at n̄ = 4)",
+            "brief": "largest count for any prompt; ``null`` = 3·n̄ (the appendix's 12 at n̄ = 4)",
             "derived": True,
             "help": (
                 "largest count for any prompt. ``null`` (default): N_MAX_PER_MEAN · n̄ = 3·n̄, the appendix's rule "

@@ -62,4 +62,4 @@ def test_n_max_follows_the_appendix_rule_everywhere(n, n_max):
 
 def test_readme_table_says_the_derived_default_in_words():
     table = gen_config.readme_table()
-    assert "| `gdro.rollout.n_max` | `null` | largest count for any prompt; `null` = 3·n̄" in table
+    assert "| `gdro.rollout.n_max` | `null` | largest count for any prompt; `null` = 3·n̄ (" in table
