@@ -8,11 +8,11 @@
 # every environment variable.
 #
 #   bash run_scripts/qwen3_8b_joint_gdro.sh                          # 1 node x 8 GPUs (80 GB)
-#   NNODES=2 bash run_scripts/qwen3_8b_joint_gdro.sh                 # on a running Ray cluster
+#   bash run_scripts/qwen3_8b_joint_gdro.sh trainer.nnodes=2         # on a running Ray cluster
 #   bash run_scripts/qwen3_8b_joint_gdro.sh trainer.save_freq=50     # extra Hydra overrides win
 #   DRY_RUN=1 bash run_scripts/qwen3_8b_joint_gdro.sh                # check the config on a CPU-only machine
 #   PREFLIGHT=1 bash run_scripts/qwen3_8b_joint_gdro.sh              # check a GPU node in ~1 min (attention kernel, Ray nodes, vLLM)
-#   PAPER_EXACT=1 bash run_scripts/qwen3_8b_joint_gdro.sh            # the authors' released Rollout-GDRO settings (bandit)
+#   bash run_scripts/qwen3_8b_joint_gdro.sh paper_exact=on           # the authors' released Rollout-GDRO settings (bandit)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common/gdro_common.sh"
 gdro_launch 8b joint_gdro "$@"

@@ -8,7 +8,7 @@
 # every environment variable.
 #
 #   bash run_scripts/qwen3_8b_prompt_gdro.sh                          # 1 node x 8 GPUs (80 GB)
-#   NNODES=2 bash run_scripts/qwen3_8b_prompt_gdro.sh                 # on a running Ray cluster
+#   bash run_scripts/qwen3_8b_prompt_gdro.sh trainer.nnodes=2         # on a running Ray cluster
 #   bash run_scripts/qwen3_8b_prompt_gdro.sh trainer.save_freq=50     # extra Hydra overrides win
 #   DRY_RUN=1 bash run_scripts/qwen3_8b_prompt_gdro.sh                # check the config on a CPU-only machine
 #   PREFLIGHT=1 bash run_scripts/qwen3_8b_prompt_gdro.sh              # check a GPU node in ~1 min (attention kernel, Ray nodes, vLLM)

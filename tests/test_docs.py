@@ -1,13 +1,11 @@
-"""The README's `gdro.*` reference is the dataclasses' truth: every key, and its default."""
+"""The README and docs/: links, sizes and the figures they quote (the gdro.* table: test_gen_config.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
-import yaml
 from recipe_helpers.figures import (
     HEADLINE_METHODS,
     assert_row_close,
@@ -16,51 +14,6 @@ from recipe_helpers.figures import (
     headline_run,
 )
 from recipe_helpers.paths import REPO
-
-from recipe.gdro.startup.recipe_config import RecipeConfig
-from verl_ext.config import Choice, GDROConfig
-
-ROW = re.compile(r"^\| `(gdro\.[a-z_.]+)` \| `([^`]*)` \|")
-
-
-def dataclass_defaults() -> dict[str, object]:
-    """Every ``gdro.*`` key: the controllers' (GDROConfig) and the recipe's (RecipeConfig); a typed
-    choice as the YAML its value reads as (DryRun.false -> false)."""
-    out: dict[str, object] = {}
-    for cfg in (GDROConfig(), RecipeConfig()):
-        for field in dataclasses.fields(cfg):
-            value = getattr(cfg, field.name)
-            if dataclasses.is_dataclass(value):
-                for sub in dataclasses.fields(value):
-                    out[f"gdro.{field.name}.{sub.name}"] = _plain(getattr(value, sub.name))
-            else:
-                out[f"gdro.{field.name}"] = _plain(value)
-    return out
-
-
-def _plain(value):
-    return yaml.safe_load(value.value) if isinstance(value, Choice) else value
-
-
-def readme_table() -> dict[str, object]:
-    rows = {}
-    for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines():
-        m = ROW.match(line)
-        if m:
-            assert m.group(1) not in rows, f"README lists {m.group(1)} twice"
-            rows[m.group(1)] = yaml.safe_load(m.group(2))
-    return rows
-
-
-def test_readme_gdro_reference_lists_every_key_with_its_default():
-    expected = dataclass_defaults()
-    documented = readme_table()
-    assert sorted(documented) == sorted(expected), (
-        f"missing from README: {sorted(set(expected) - set(documented))}; "
-        f"not a config key: {sorted(set(documented) - set(expected))}"
-    )
-    wrong = {k: (documented[k], v) for k, v in expected.items() if documented[k] != v}
-    assert not wrong, f"README default differs from verl_ext/config.py (README, code): {wrong}"
 
 
 def test_readme_links_to_docs_that_exist():

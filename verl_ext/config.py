@@ -87,17 +87,6 @@ class ScoreInit(Choice):
     zero = "zero"
 
 
-# The choices as tuples of strings (kept for callers that list them).
-LOSS_SIGNALS = LossSignal.values()
-ALLOCATORS = Allocator.values()
-UNSEEN_MODES = UnseenMode.values()
-COUPLINGS = Coupling.values()
-NORMALIZE_MODES = NormalizeMode.values()
-VARIANCE_SOURCES = VarianceSource.values()
-BUDGETS = Budget.values()
-SCORE_INITS = ScoreInit.values()
-
-
 class GDROConfigError(ValueError):
     """An impossible or malformed GDRO setting. The message names the field at fault."""
 
@@ -106,18 +95,45 @@ def _fail(field_name: str, value: Any, why: str) -> None:
     raise GDROConfigError(f"gdro config: gdro.{field_name}={value!r} is invalid: {why}")
 
 
-def _check_unit(name: str, value: float, *, open_low: bool = False, open_high: bool = False) -> None:
-    lo_ok = value > 0 if open_low else value >= 0
-    hi_ok = value < 1 if open_high else value <= 1
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and lo_ok and hi_ok):
-        lo = "(0" if open_low else "[0"
-        hi = "1)" if open_high else "1]"
-        _fail(name, value, f"must lie in {lo}, {hi}")
+@dataclass(frozen=True)
+class Range:
+    """A field's allowed values, kept in its metadata (``"range"``): the check ``__post_init__`` runs
+    and the text ``--help``, the YAML and the README show come from this one object."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    integer: bool = False
+
+    def text(self) -> str:
+        """``[0, 1)``, ``> 0``, ``>= 2``."""
+        if self.lo is not None and self.hi is not None:
+            return f"{'(' if self.lo_open else '['}{self.lo:g}, {self.hi:g}{')' if self.hi_open else ']'}"
+        if self.lo is not None:
+            return f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        return f"{'<' if self.hi_open else '<='} {self.hi:g}"
+
+    def check(self, name: str, value: Any) -> None:
+        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
+        if self.integer:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and math.isfinite(value)
+        ok = ok and (self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
+        ok = ok and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi))
+        if not ok:
+            if self.lo is not None and self.hi is not None:
+                _fail(name, value, f"must lie in {self.text()}")
+            _fail(name, value, f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}")
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        _fail(name, value, "must be a finite number > 0")
+def _check_ranges(config: Any, section: str) -> None:
+    """Run every field's ``range`` metadata check (a ``None`` value is the field's "unset")."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if "range" in f.metadata and value is not None:
+            f.metadata["range"].check(f"{section}.{f.name}", value)
 
 
 def _choice(field_name: str, cls: type[Choice], value: Any) -> Choice:
@@ -139,71 +155,84 @@ class BinnerConfig:
     num_bins: int = field(
         default=10,
         metadata={
+            "brief": "K equal-width accuracy bins on [0, 1]",
+            "range": Range(lo=1, integer=True),
             "help": (
                 "K, the number of equal-width accuracy bins on [0, 1] (appendix: 10). Ignored when ``bin_edges`` "
                 "is given."
-            )
+            ),
         },
     )
     bin_edges: list[float] | None = field(
         default=None,
         metadata={
+            "brief": "explicit edges ``[0, ..., 1]`` (K + 1 edges); overrides ``num_bins``",
             "help": (
                 "explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1 edges give K bins [a_k,"
                 " a_{k+1}), the last closed). Bin 0 is the hardest. The released code's [0, .1, .2, .4, .6, .8, "
                 ".9, 1] are 8 edges, i.e. 7 bins (bin_00 .. bin_06)."
-            )
+            ),
         },
     )
     window: int = field(
         default=50,
         metadata={
+            "brief": "H, visits in each prompt's sliding window",
+            "range": Range(lo=1, integer=True),
             "help": (
                 "H, the number of most recent visits a prompt's statistic is computed over (authors' scripts: 50 "
                 "or 100)."
-            )
+            ),
         },
     )
     half_life: float | None = field(
         default=None,
         metadata={
+            "brief": "``null`` = plain window mean; h = visit j ago weighted 2^(−j/h)",
+            "range": Range(lo=0, lo_open=True),
             "help": (
                 "recency weighting of a prompt's visits, in visits. ``null`` (default): the plain mean over the "
                 "last ``window`` visits. A number h: every visit of the prompt so far, the one j visits ago "
                 "weighted 2^(-j/h), so p̂ follows a prompt the model is learning instead of averaging over its "
                 "whole history (with H = 50, a 1,000-step DAPO run visits a prompt ~18 times, so the window never"
                 " fills); ``window`` is then unused."
-            )
+            ),
         },
     )
     hysteresis: float = field(
         default=0.0,
         metadata={
+            "brief": "δ, margin beyond a bin edge before a prompt moves",
+            "range": Range(0, 0.5, hi_open=True),
             "help": (
                 "δ, a prompt leaves its bin only when its statistic is beyond the bin's boundary by more than δ "
                 "(authors' scripts: 0.03 for Prompt-GDRO, 0 for Rollout-GDRO)."
-            )
+            ),
         },
     )
     unseen: UnseenMode = field(
         default=UnseenMode.own_bin,
         metadata={
+            "brief": "never-visited prompts: own group ``unseen``, or ``prior``",
             "help": (
                 "how never-visited prompts are grouped. ``own_bin`` (default) gives them a separate group K that "
                 "both adversaries treat like any other bin; ``prior`` puts them in the bin that contains "
                 '``unseen_prior``. Never "hardest bin" (the released code\'s accuracy-0 default makes every fresh '
                 "prompt look maximally hard)."
-            )
+            ),
         },
     )
     unseen_prior: float = field(
         default=0.5,
-        metadata={"help": "prior accuracy used by ``unseen=prior``."},
+        metadata={
+            "brief": "prior accuracy for ``unseen=prior``",
+            "range": Range(0, 1),
+            "help": "prior accuracy used by ``unseen=prior``.",
+        },
     )
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_bins, int) or isinstance(self.num_bins, bool) or self.num_bins < 1:
-            _fail("binner.num_bins", self.num_bins, "must be an integer >= 1")
+        _check_ranges(self, "binner")
         if self.bin_edges is not None:
             edges = [float(e) for e in self.bin_edges]
             if len(edges) < 2:
@@ -214,14 +243,7 @@ class BinnerConfig:
                 _fail("binner.bin_edges", self.bin_edges, "must be strictly increasing")
             self.bin_edges = edges
             self.num_bins = len(edges) - 1
-        if not isinstance(self.window, int) or isinstance(self.window, bool) or self.window < 1:
-            _fail("binner.window", self.window, "must be an integer >= 1")
-        if not (isinstance(self.hysteresis, (int, float)) and 0 <= self.hysteresis < 0.5):
-            _fail("binner.hysteresis", self.hysteresis, "must lie in [0, 0.5)")
         self.unseen = _choice("binner.unseen", UnseenMode, self.unseen)
-        _check_unit("binner.unseen_prior", self.unseen_prior)
-        if self.half_life is not None:
-            _check_positive("binner.half_life", self.half_life)
 
     def edges(self) -> list[float]:
         """The K+1 bin edges in use."""
@@ -236,91 +258,125 @@ class PromptGDROConfig:
 
     enable: bool = field(
         default=False,
-        metadata={"help": "multiply each response's GRPO advantage by its bin's adversary weight."},
+        metadata={
+            "brief": "Prompt-GDRO on/off",
+            "help": "multiply each response's GRPO advantage by its bin's adversary weight.",
+        },
     )
     eta: float = field(
         default=0.65,
-        metadata={"help": "η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C))."},
+        metadata={
+            "brief": "η, EXP3P learning rate (Eq. 15)",
+            "range": Range(lo=0, lo_open=True),
+            "help": "η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C)).",
+        },
     )
     gamma: float = field(
         default=0.01,
-        metadata={"help": "γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K."},
+        metadata={
+            "brief": "γ, uniform exploration in q(b) (Eq. 16)",
+            "range": Range(0, 1),
+            "help": "γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K.",
+        },
     )
     beta: float = field(
         default=0.12,
-        metadata={"help": "β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b)."},
+        metadata={
+            "brief": "β, EMA rate of the debiased score (Eq. 14)",
+            "range": Range(0, 1, lo_open=True),
+            "help": "β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b).",
+        },
     )
     score_clip: float = field(
         default=5.0,
-        metadata={"help": "C, the score clip before exponentiation (keeps ω finite)."},
+        metadata={
+            "brief": "C, score clip before exponentiation (ours)",
+            "range": Range(lo=0, lo_open=True),
+            "help": "C, the score clip before exponentiation (keeps ω finite).",
+        },
     )
     weight_cap: float = field(
         default=15.0,
-        metadata={"help": "ω_max, per-response multipliers are capped here after normalisation."},
+        metadata={
+            "brief": "ω_max, cap on a response's multiplier",
+            "range": Range(lo=1),
+            "help": "ω_max, per-response multipliers are capped here after normalisation.",
+        },
     )
     share_floor: float = field(
         default=0.01,
-        metadata={"help": "floor on the realised batch share q̂(b) in the debiasing division."},
+        metadata={
+            "brief": "floor on the realised share q̂(b) in the debiasing",
+            "range": Range(0, 1, lo_open=True),
+            "help": "floor on the realised batch share q̂(b) in the debiasing division.",
+        },
     )
     loss_signal: LossSignal = field(
         default=LossSignal.learnability,
         metadata={
+            "brief": "``learnability`` p̂(1−p̂), ``failure_rate``, ``mean_abs_advantage``",
             "help": (
                 "the per-prompt loss ℓ(x) the adversary sees (see :mod:`verl_ext.prompt_gdro`): ``learnability`` "
                 "p̂(1-p̂), ``failure_rate`` 1-p̂, ``mean_abs_advantage`` mean |A|."
-            )
+            ),
         },
     )
     rollout_coupling: Coupling = field(
         default=Coupling.none,
         metadata={
+            "brief": "joint mode: ``none`` or ``divide_by_allocation``",
             "help": (
                 "joint mode only. ``divide_by_allocation`` divides a prompt's weight by n(x)/n̄ so a prompt given"
                 " more rollouts does not also get more total weight through its extra tokens; ``none`` leaves "
                 "weights as they are."
-            )
+            ),
         },
     )
     normalize: NormalizeMode = field(
         default=NormalizeMode.advantage_mass,
         metadata={
+            "brief": "``advantage_mass`` (Σ|A·m| = Σ|A|) or ``all_responses`` (mean 1, released code)",
             "help": (
                 "how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A| over the batch, so "
                 "Prompt-GDRO changes the update's direction, not its size (needs |A| per response). "
                 "``all_responses``: mean 1 over all responses (the released code's; zero-advantage groups make it"
                 " a larger step size)."
-            )
+            ),
         },
     )
     lagged: bool = field(
         default=False,
         metadata={
+            "brief": "weights from the scores before (``true``) or after this step's update",
             "help": (
                 "weights from the scores before this step's update (the step's own outcomes do not scale its own "
                 "advantages); false uses the updated scores."
-            )
+            ),
         },
     )
     min_group_prompts: float = field(
         default=8.0,
         metadata={
+            "brief": "k₀: a bin of c prompts moves by β·c/(c+k₀); ``0`` = off",
+            "range": Range(lo=0),
             "help": (
                 "k0, evidence pseudo-count. A bin with c prompts in the batch moves its score by β·c/(c+k0) of "
                 "the way to its debiased loss (c/(c+k0) at its first observation, from the batch's reference "
                 "level), so a bin holding one prompt, or the few unseen prompts left after an epoch, cannot swing"
                 " a weight. 0 = no evidence weighting (Eq. 14 as printed needs ``score_init=zero`` too)."
-            )
+            ),
         },
     )
     score_init: ScoreInit = field(
         default=ScoreInit.first_observation,
         metadata={
+            "brief": "``first_observation``, or the paper's S₀ = 0 (``zero``)",
             "help": (
                 "where a bin's score starts. ``first_observation`` (default): the bin's first observation sets it"
                 " (shrunk toward the batch's reference level), so a bin first seen late is not under-weighted for"
                 " ~1/β steps. ``zero``: the paper's S_0(b) = 0, every observation an EMA step; with "
                 "``min_group_prompts=0`` this is Eq. 14 as printed."
-            )
+            ),
         },
     )
 
@@ -331,17 +387,12 @@ class PromptGDROConfig:
         if not isinstance(self.lagged, bool):
             _fail("prompt.lagged", self.lagged, "must be true or false")
         self.normalize = _choice("prompt.normalize", NormalizeMode, self.normalize)
-        if not (isinstance(self.min_group_prompts, (int, float)) and 0 <= self.min_group_prompts < math.inf):
-            _fail("prompt.min_group_prompts", self.min_group_prompts, "must be a finite number >= 0")
-        _check_positive("prompt.eta", self.eta)
-        _check_unit("prompt.gamma", self.gamma)
-        _check_unit("prompt.beta", self.beta, open_low=True)
-        _check_positive("prompt.score_clip", self.score_clip)
-        if not (isinstance(self.weight_cap, (int, float)) and math.isfinite(self.weight_cap) and self.weight_cap >= 1):
-            _fail("prompt.weight_cap", self.weight_cap, "must be a finite number >= 1")
-        _check_unit("prompt.share_floor", self.share_floor, open_low=True)
+        _check_ranges(self, "prompt")
         self.loss_signal = _choice("prompt.loss_signal", LossSignal, self.loss_signal)
         self.rollout_coupling = _choice("prompt.rollout_coupling", Coupling, self.rollout_coupling)
+
+
+N_MAX_PER_MEAN = 3  # the appendix's n_max = 3·n̄ (12 at n̄ = 4), RolloutGDROConfig.n_max's default
 
 
 @dataclass
@@ -350,136 +401,192 @@ class RolloutGDROConfig:
 
     enable: bool = field(
         default=False,
-        metadata={"help": "schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``."},
+        metadata={
+            "brief": "Rollout-GDRO on/off",
+            "help": "schedule per-prompt rollout counts; otherwise every prompt gets ``n_mean``.",
+        },
     )
     allocator: Allocator = field(
         default=Allocator.sqrt,
         metadata={
+            "brief": (
+                "``sqrt`` (Eq. 17-21), ``hedge`` (full-information Hedge; ``bandit`` alias), ``knapsack``, "
+                "``discovery``, ``uniform``"
+            ),
             "help": (
                 "``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin full-information Hedge over "
                 "arms with an exact-budget DP; not the paper's EXP3P, see :mod:`verl_ext.rollout_gdro`; "
                 "``bandit`` is its earlier name and runs the same code), ``knapsack`` (Knapsack-RL's value rule),"
                 " ``discovery`` (most expected groups with both a success and a failure, under a Beta posterior"
                 " per prompt), ``uniform``."
-            )
+            ),
         },
     )
     n_mean: int = field(
         default=4,
         metadata={
+            "brief": "n̄; tied to ``actor_rollout_ref.rollout.n`` (set that one)",
             "help": (
                 "n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The recipe ties it to "
                 "``actor_rollout_ref.rollout.n``."
-            )
+            ),
         },
     )
     n_min: int = field(
         default=2,
         metadata={
+            "brief": "smallest count for any prompt (≥ 2)",
             "help": (
                 "smallest count for any prompt; at least 2 (a GRPO group of one gets its raw reward as advantage "
                 "in verl)."
-            )
+            ),
         },
     )
-    n_max: int = field(
-        default=12,
-        metadata={"help": "largest count for any prompt (appendix: 12 = 3 n̄)."},
+    n_max: int | None = field(
+        default=None,
+        metadata={
+            "brief": "largest count for any prompt; ``null`` = 3·n̄ (the appendix's 12 at n̄ = 4)",
+            "derived": True,
+            "help": (
+                "largest count for any prompt. ``null`` (default): N_MAX_PER_MEAN · n̄ = 3·n̄, the appendix's rule "
+                "(12 at its n̄ = 4), resolved here so the recipe, the simulator and the benchmarks share it."
+            ),
+        },
     )
     mu_lr: float = field(
         default=0.05,
         metadata={
+            "brief": "α_μ, dual-ascent step on log μ",
+            "range": Range(lo=0, lo_open=True),
             "help": (
                 "α_μ, the dual-ascent step on the shadow price, taken in log space: log μ ← log μ + α_μ (n̂ - "
                 "n̄), with n̂ the mean of the unrepaired proposal; log μ is projected onto the range where it "
                 "still changes the allocation."
-            )
+            ),
         },
     )
     mu_init: float | None = field(
         default=None,
-        metadata={"help": "initial μ; ``None`` clears the first batch's budget exactly."},
+        metadata={
+            "brief": "initial μ; ``null`` clears the first budget exactly",
+            "range": Range(lo=0, lo_open=True),
+            "help": "initial μ; ``None`` clears the first batch's budget exactly.",
+        },
     )
     variance_beta: float = field(
         default=0.1,
-        metadata={"help": "EMA rate of each bin's within-group reward variance v_b."},
+        metadata={
+            "brief": "EMA rate of each bin's reward variance v_b",
+            "range": Range(0, 1, lo_open=True),
+            "help": "EMA rate of each bin's within-group reward variance v_b.",
+        },
     )
     variance_prior: float = field(
         default=0.25,
         metadata={
-            "help": "v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first observation replaces it."
+            "brief": "v_b of a bin never observed",
+            "range": Range(0, 1, lo_open=True),
+            "help": "v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first observation replaces it.",
         },
     )
     variance_floor: float = field(
         default=1e-3,
-        metadata={"help": "lower bound on v_b, so a solved bin still has a finite price."},
+        metadata={
+            "brief": "lower bound on v_b",
+            "range": Range(0, 1, lo_open=True),
+            "help": "lower bound on v_b, so a solved bin still has a finite price.",
+        },
     )
     variance_source: VarianceSource = field(
         default=VarianceSource.bin,
         metadata={
+            "brief": "``bin`` (v_b) or ``prompt`` (per-prompt, shrunk toward v_b)",
             "help": (
                 "the variance the ``sqrt`` allocator and the exact-budget repair use per prompt. ``bin``: the "
                 "bin's v_b. ``prompt``: the prompt's own windowed variance shrunk toward v_b (see "
                 ":meth:`verl_ext.rollout_gdro.RolloutGDRO.prompt_variance_estimate`)."
-            )
+            ),
         },
     )
     variance_shrinkage: float = field(
         default=8.0,
-        metadata={"help": "κ, the prior strength (in rollouts) of v_b in the per-prompt estimate."},
+        metadata={
+            "brief": "κ, weight of v_b in the per-prompt variance",
+            "range": Range(lo=0),
+            "help": "κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.",
+        },
     )
     bandit_eta: float = field(
         default=5.0,
-        metadata={"help": "``hedge``: learning rate on the per-(bin, arm) scores rescaled to [0, 1] per bin."},
+        metadata={
+            "brief": "``hedge``: learning rate (released code: 0.65)",
+            "range": Range(lo=0, lo_open=True),
+            "help": "``hedge``: learning rate on the per-(bin, arm) scores rescaled to [0, 1] per bin.",
+        },
     )
     bandit_gamma: float = field(
         default=0.05,
-        metadata={"help": "``hedge``: uniform exploration mixed into the per-bin arm distribution."},
+        metadata={
+            "brief": "``hedge``: exploration over arms",
+            "range": Range(0, 1),
+            "help": "``hedge``: uniform exploration mixed into the per-bin arm distribution.",
+        },
     )
     bandit_beta: float = field(
         default=0.12,
-        metadata={"help": "``hedge``: EMA rate of the per-(bin, arm) scores."},
+        metadata={
+            "brief": "``hedge``: EMA rate of arm scores (released code: 0.4)",
+            "range": Range(0, 1, lo_open=True),
+            "help": "``hedge``: EMA rate of the per-(bin, arm) scores.",
+        },
     )
     seed: int = field(
         default=0,
-        metadata={"help": "RNG seed (the bandit's exploration; ties)."},
+        metadata={"brief": "RNG seed (checkpointed)", "help": "RNG seed (the bandit's exploration; ties)."},
     )
     budget: Budget = field(
         default=Budget.rollouts,
         metadata={
+            "brief": "``rollouts`` (Σn = B·n̄) or ``tokens`` (also expected tokens ≤ uniform's)",
             "help": (
                 "what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also the expected "
                 "generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a second dual variable λ "
                 "(see :mod:`verl_ext.rollout_gdro`); every allocator honours it through the exact two-constraint "
                 "repair (``uniform`` meets it with equality)."
-            )
+            ),
         },
     )
     token_lr: float = field(
         default=1.0,
         metadata={
+            "brief": "``budget=tokens``: dual step on the token price",
+            "range": Range(lo=0, lo_open=True),
             "help": (
                 "α_λ, the projected dual-ascent step on the token price ρ = λ c̄ / μ (relative units): ρ ← max(0,"
                 " ρ + α_λ (T̂ / T_uniform - 1)) with T̂ the proposal's expected tokens."
-            )
+            ),
         },
     )
     length_beta: float = field(
         default=0.3,
         metadata={
+            "brief": "EMA rate of mean response length ĉ",
+            "range": Range(0, 1, lo_open=True),
             "help": (
                 "EMA rate of the per-prompt (per visit) and per-bin (per step) mean response length ĉ, kept for "
                 "the token metrics in every run and used by ``budget=tokens``."
-            )
+            ),
         },
     )
     length_shrinkage: float = field(
         default=8.0,
         metadata={
+            "brief": "κ, weight of the bin's mean length in a prompt's ĉ",
+            "range": Range(lo=0),
             "help": (
                 "κ, the prior strength (in responses) of the bin's mean length in a prompt's expected length ĉ "
                 "(see :mod:`verl_ext.tokens`); 0 uses the prompt's own EMA."
-            )
+            ),
         },
     )
 
@@ -489,33 +596,21 @@ class RolloutGDROConfig:
         self.allocator = _choice("rollout.allocator", Allocator, self.allocator)
         for name in ("n_mean", "n_min", "n_max", "seed"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
+            if (value is not None or name != "n_max") and (not isinstance(value, int) or isinstance(value, bool)):
                 _fail(f"rollout.{name}", value, "must be an integer")
         if self.n_min < 2:
             _fail("rollout.n_min", self.n_min, "must be >= 2 (a GRPO group of one rollout has no baseline)")
         if self.n_min > self.n_mean:
             _fail("rollout.n_min", self.n_min, f"must be <= rollout.n_mean={self.n_mean}")
+        if self.n_max is None:
+            self.n_max = N_MAX_PER_MEAN * self.n_mean
         if self.n_max < self.n_mean:
             _fail("rollout.n_max", self.n_max, f"must be >= rollout.n_mean={self.n_mean}")
         if self.n_max > 4096:
             _fail("rollout.n_max", self.n_max, "must be <= 4096")
-        _check_positive("rollout.mu_lr", self.mu_lr)
-        if self.mu_init is not None:
-            _check_positive("rollout.mu_init", self.mu_init)
-        _check_unit("rollout.variance_beta", self.variance_beta, open_low=True)
-        _check_unit("rollout.variance_prior", self.variance_prior, open_low=True)
-        _check_unit("rollout.variance_floor", self.variance_floor, open_low=True)
         self.variance_source = _choice("rollout.variance_source", VarianceSource, self.variance_source)
-        if not (isinstance(self.variance_shrinkage, (int, float)) and 0 <= self.variance_shrinkage < math.inf):
-            _fail("rollout.variance_shrinkage", self.variance_shrinkage, "must be a finite number >= 0")
-        _check_positive("rollout.bandit_eta", self.bandit_eta)
-        _check_unit("rollout.bandit_gamma", self.bandit_gamma)
-        _check_unit("rollout.bandit_beta", self.bandit_beta, open_low=True)
         self.budget = _choice("rollout.budget", Budget, self.budget)
-        _check_positive("rollout.token_lr", self.token_lr)
-        _check_unit("rollout.length_beta", self.length_beta, open_low=True)
-        if not (isinstance(self.length_shrinkage, (int, float)) and 0 <= self.length_shrinkage < math.inf):
-            _fail("rollout.length_shrinkage", self.length_shrinkage, "must be a finite number >= 0")
+        _check_ranges(self, "rollout")
 
 
 @dataclass
@@ -541,11 +636,12 @@ class GDROConfig:
     observe: bool = field(
         default=True,
         metadata={
+            "brief": "adversaries off: still bin and log ``gdro/*`` (training = GRPO); ``false`` skips GDRO",
             "help": (
                 "with both adversaries off, still run the binner and log the ``gdro/*`` metrics (advantages and "
                 "rollout counts stay exactly verl's), so a GRPO baseline can be compared with the GDRO runs bin "
                 "by bin. Set false to skip the driver work altogether."
-            )
+            ),
         },
     )
 
@@ -603,6 +699,19 @@ def _fields_at(path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
+def _unresolved_schema(schema: Any, cls: type) -> Any:
+    """``schema`` with every ``derived`` field back at ``None``: the structured schema is built from
+    default instances, whose ``__post_init__`` already resolved them (n_max = 3·n̄ at the default n̄),
+    so a merged ``n_mean`` would otherwise keep the default's bound."""
+    for f in dataclasses.fields(cls):
+        sub = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(sub):
+            _unresolved_schema(schema[f.name], sub)
+        elif f.metadata.get("derived"):
+            schema[f.name] = None
+    return schema
+
+
 def gdro_config_from_dict(data: Any) -> GDROConfig:
     """Build a validated :class:`GDROConfig` from a mapping (e.g. the Hydra ``gdro`` section).
 
@@ -627,7 +736,7 @@ def gdro_config_from_dict(data: Any) -> GDROConfig:
             data[section] = {}  # an empty YAML section means "all defaults"
     _refuse_strings(GDROConfig, data, "")
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(GDROConfig), data)
+        merged = OmegaConf.merge(_unresolved_schema(OmegaConf.structured(GDROConfig), GDROConfig), data)
         return OmegaConf.to_object(merged)
     except GDROConfigError:
         raise

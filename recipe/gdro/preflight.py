@@ -16,7 +16,7 @@ It runs, in order, and stops at the first failure (exit 2, or 1 for a config Hyd
    back by a task on every node (:func:`probe_shared_storage`: the folder is one shared filesystem);
 5. one round through verl's own stack (:func:`verl_agent_loop_round`): the recipe's trainer is built and
    initialised as a launch does (actor, vLLM servers, weights synced), verl's ``AgentLoopManagerTQ``
-   gets two prompts with ``__rollout_n__`` = ``gdro.rollout.n_min`` and ``n_max`` (2 and 12), and the
+   gets two prompts with ``__rollout_n__`` = ``gdro.rollout.n_min`` and ``n_max`` (2 and 3·n̄ by default), and the
    sessions that reach TransferQueue are counted per prompt (:func:`agent_loop_round`, compared by
    :func:`recipe.gdro.startup.cluster.check_group_sizes`). verl opens one single-sample session per
    rollout, so this is the path the counts take in training.

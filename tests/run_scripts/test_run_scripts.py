@@ -34,6 +34,7 @@ from recipe_helpers.paths import REPO
 
 from recipe.gdro.main_gdro import cli
 from recipe.gdro.startup.cli import compose_config
+from verl_ext.config import RolloutGDROConfig
 
 RUN_SCRIPTS = REPO / "run_scripts"
 COMMON = RUN_SCRIPTS / "common" / "gdro_common.sh"
@@ -93,7 +94,8 @@ PAPER_VALUES = {
     "gdro.rollout.n_mean": 4,
 }
 # PAPER_EXACT=1 / paper_exact=on: the Rollout-GDRO settings of the authors' released scripts
-PAPER_EXACT_ROLLOUT = {"allocator": "bandit", "bandit_eta": 0.65, "bandit_beta": 0.4, "n_min": 2, "n_max": 12}
+# (their n in [2, 3·n̄ = 12] is the recipe's default rule, RolloutGDROConfig's n_min and n_max)
+PAPER_EXACT_ROLLOUT = {"allocator": "bandit", "bandit_eta": 0.65, "bandit_beta": 0.4}
 
 
 def script_path(size: str, method: str) -> Path:
@@ -200,6 +202,8 @@ def test_paper_exact_changes_only_the_released_settings():
         changed = {k for k in default if default[k] != exact[k]} - names - {"launch.variant"}
         if "rollout" in method:
             assert {k: exact[f"gdro.rollout.{k}"] for k in PAPER_EXACT_ROLLOUT} == PAPER_EXACT_ROLLOUT
+            bounds = RolloutGDROConfig(n_mean=exact["gdro.rollout.n_mean"], n_max=exact["gdro.rollout.n_max"])
+            assert (bounds.n_min, bounds.n_max) == (2, 12)
         if "prompt" in method:
             assert exact["gdro.prompt.score_init"] == "zero" and exact["gdro.prompt.min_group_prompts"] == 0
         assert changed == keys, method

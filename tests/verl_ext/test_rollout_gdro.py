@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_ext import GDROController, RolloutGDRO, RolloutGDROConfig, gdro_config_from_dict, repair_to_budget
+from verl_ext.config import Allocator
 
-ALLOCATORS = ["sqrt", "hedge", "bandit", "knapsack", "discovery", "uniform"]
+ALLOCATORS = Allocator.values()
 
 
 def _check_allocation(n, batch, cfg):

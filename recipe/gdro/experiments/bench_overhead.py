@@ -68,7 +68,7 @@ def make_controller(num_prompts: int, n_mean: int, allocator: str, warm_steps: i
     cfg = gdro_config_from_dict(
         {
             "prompt": {"enable": True},
-            "rollout": {"enable": True, "allocator": allocator, "n_mean": n_mean, "n_min": 2, "n_max": 3 * n_mean},
+            "rollout": {"enable": True, "allocator": allocator, "n_mean": n_mean},  # n_max: 3·n̄ by default
         }
     )
     ctl = GDROController(cfg, num_prompts)

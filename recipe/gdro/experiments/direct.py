@@ -78,19 +78,8 @@ class DirectConfig:
     eval_samples: int = 1
     device: str = "cpu"  # "cuda", "cuda:1", or "auto" (CUDA when present); the run cache keys on it
     eval_every: int = 0  # also evaluate every k steps (0: before and after only): the learning curve
-    actor: dict = field(
-        default_factory=lambda: {
-            "clip_ratio": 0.2,
-            "clip_ratio_low": 0.2,
-            "clip_ratio_high": 0.28,
-            "loss_agg_mode": "token-mean",
-            "policy_loss": {"loss_mode": "vanilla"},
-            "entropy_coeff": 0.0,
-            "use_kl_loss": False,
-            "ppo_epochs": 1,
-            "optim": {"clip_grad": 1.0},
-        }
-    )
+    # size/tiny.yaml's actor settings (policy.tiny_actor_config); no KL loss: this loop has no reference model
+    actor: dict = field(default_factory=lambda: policy.tiny_actor_config(use_kl_loss=False))
 
 
 def method_gdro(method: str, n: int, overrides: dict | None = None) -> dict[str, Any]:

@@ -107,9 +107,5 @@ def lookup_tuned_lr(scenario: str, learner: str, methods: list[str], path: str =
 def build_gdro_dict(scenario: Any, method: str, overrides: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """The verl_ext ``gdro:`` mapping for one method (a registry name or variant) of one run."""
     budget = {"rollout": {"n_mean": scenario.n_mean, "seed": int(seed)}}
-    d = method_config(method, scenario.gdro or {}, overrides or {}, budget)
-    # n_mean must stay within [n_min, n_max] even if the scenario's budget differs from the defaults.
-    r = d["rollout"]
-    r.setdefault("n_min", min(2, scenario.n_mean))
-    r.setdefault("n_max", max(12, 3 * scenario.n_mean))
-    return d
+    # n_min and n_max are RolloutGDROConfig's (2 and 3·n̄, the appendix's rule), as in the recipe.
+    return method_config(method, scenario.gdro or {}, overrides or {}, budget)

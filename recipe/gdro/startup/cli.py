@@ -6,16 +6,13 @@ from __future__ import annotations
 import difflib
 import re
 import sys
-from dataclasses import MISSING, fields, is_dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
-import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.startup.checks import GDRORecipeError
-from recipe.gdro.startup.recipe_config import DryRun, recipe_config_from_dict, recipe_keys_help
+from recipe.gdro.startup.recipe_config import DryRun, RecipeConfig, recipe_config_from_dict
 from verl_ext import GDROConfig, GDROConfigError
-from verl_ext.config import Choice
 
 CONFIG_MODULE = "recipe.gdro.config"
 CONFIG_NAME = "gdro_trainer"
@@ -149,29 +146,20 @@ def _help_text(f) -> str:
     return re.sub(r":\w+:`([^`]*)`", r"\1", text).replace("``", "")
 
 
-def _default(f) -> Any:
-    if isinstance(f.default, Choice):
-        return f.default.value
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:  # type: ignore[misc]
-        return f.default_factory()  # type: ignore[misc]
-    return "???"
-
-
 def gdro_keys_help(cls=GDROConfig, prefix: str = "gdro") -> list[tuple[str, str, str]]:
     """``(key, default, meaning)`` for every leaf of the gdro section, from the dataclasses' fields
-    (default and ``help`` metadata)."""
-    rows = []
-    for f in fields(cls):
-        key = f"{prefix}.{f.name}"
-        default = _default(f)
-        if is_dataclass(default):
-            rows.extend(gdro_keys_help(type(default), key))
-            continue
-        shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
-        rows.append((key, shown, _help_text(f)))
-    return rows
+    (default, ``help`` and ``range`` metadata; the walk is the generator's, gen_config.walk)."""
+    from recipe.gdro.startup.gen_config import scalar, walk
+
+    return [
+        (
+            key,
+            scalar(default),
+            _help_text(f) + (f" Range {f.metadata['range'].text()}." if "range" in f.metadata else ""),
+        )
+        for key, f, default, section in walk(cls, prefix)
+        if not section
+    ]
 
 
 GROUPS = {
@@ -196,7 +184,7 @@ def format_help(width: int = 100) -> str:
     import textwrap
 
     groups = "\n".join(f"    {g}={'|'.join(c)}  {GROUPS[g]}" for g, c in config_groups().items())
-    rows = gdro_keys_help() + recipe_keys_help()
+    rows = gdro_keys_help() + gdro_keys_help(RecipeConfig)
     key_w = max(len(k) for k, _, _ in rows)
     def_w = min(max(len(d) for _, d, _ in rows), 14)
     out = [USAGE.format(groups=groups), "gdro: keys (default, meaning):"]

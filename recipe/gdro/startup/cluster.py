@@ -299,40 +299,27 @@ def check_group_sizes(scheduled: Mapping[Any, int], realised_keys: Sequence[Any]
 # --------------------------------------------------------------------------------------- KV cache
 # Shapes from the models' config.json (hidden_size, intermediate_size, num_hidden_layers,
 # num_attention_heads, num_key_value_heads, head_dim, vocab_size, tie_word_embeddings).
+# What the three Qwen3-Base sizes share; each entry below lists only where it differs.
+_QWEN3_COMMON = dict(
+    num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=32768
+)
 KNOWN_MODELS = {
-    "Qwen/Qwen3-1.7B-Base": dict(
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "Qwen/Qwen3-4B-Base": dict(
-        hidden_size=2560,
-        intermediate_size=9728,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-        max_position_embeddings=32768,
-    ),
-    "Qwen/Qwen3-8B-Base": dict(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-        max_position_embeddings=32768,
-    ),
+    name: {**_QWEN3_COMMON, **own}
+    for name, own in {
+        "Qwen/Qwen3-1.7B-Base": dict(
+            hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16
+        ),
+        "Qwen/Qwen3-4B-Base": dict(
+            hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32
+        ),
+        "Qwen/Qwen3-8B-Base": dict(
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            tie_word_embeddings=False,
+        ),
+    }.items()
 }
 ASSUMED_GPU_GIB = 79.2  # an "80 GB" A100 / H100 as torch reports it
 NON_KV_OVERHEAD_GIB = 3.0  # assumed per GPU: profiling activations, NCCL buffers

@@ -9,7 +9,6 @@ merged onto :class:`RecipeConfig`, with a did-you-mean and exit 2 for anything e
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,34 +43,38 @@ class RecipeConfig:
     dry_run: DryRun = field(
         default=DryRun.false,
         metadata={
+            "brief": "``true``: validate, print the plan, exit; ``config``: configuration only",
             "help": (
                 "``true``: validate the config and the data, print the plan and exit (no Ray, no GPU); ``config``: "
                 "the same without requiring the data files; ``false``: train."
-            )
+            ),
         },
     )
     metrics_file: str = field(
         default="gdro_metrics.jsonl",
         metadata={
+            "brief": "per-step JSON lines file in the experiment folder; empty disables",
             "help": (
                 "per-step JSON lines file name inside the experiment folder (trainer.default_local_dir); empty "
                 "disables it."
-            )
+            ),
         },
     )
     backend: Backend = field(
         default=Backend.verl,
         metadata={
+            "brief": "``cpu``: tiny-LM CPU workers and server ([docs](docs/cpu_backend.md))",
             "help": (
                 "``verl`` trains with verl's GPU workers and vLLM/SGLang servers; ``cpu`` runs the same v1 loop "
                 "with the tiny-LM CPU stand-ins of recipe/gdro/backends."
-            )
+            ),
         },
     )
 
     overwrite_checkpoints: bool = field(
         default=False,
         metadata={
+            "brief": "``true``: ``resume_mode=disable`` may overwrite checkpoints",
             "help": (
                 "``true``: let ``trainer.resume_mode=disable`` start over in a folder that holds checkpoints (its "
                 "saves overwrite the folders of the steps it saves); ``false`` refuses such a launch."
@@ -136,18 +139,6 @@ def recipe_config(config: Any) -> RecipeConfig:
     return recipe_config_from_dict(split_gdro_section(section)[1])
 
 
-def recipe_keys_help() -> list[tuple[str, str, str]]:
-    """``(key, default, meaning)`` of the recipe keys, for ``--help``."""
-    return [
-        (
-            f"gdro.{f.name}",
-            str(f.default.value if isinstance(f.default, Choice) else f.default).lower(),
-            f.metadata["help"],
-        )
-        for f in dataclasses.fields(RecipeConfig)
-    ]
-
-
 __all__ = [
     "RECIPE_KEYS",
     "Backend",
@@ -155,6 +146,5 @@ __all__ = [
     "RecipeConfig",
     "recipe_config",
     "recipe_config_from_dict",
-    "recipe_keys_help",
     "split_gdro_section",
 ]

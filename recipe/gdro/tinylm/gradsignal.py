@@ -29,17 +29,9 @@ from data_prep import arith
 from recipe.gdro.tinylm import policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 
-ACTOR = {
-    "clip_ratio": 0.2,
-    "clip_ratio_low": 0.2,
-    "clip_ratio_high": 0.28,
-    "loss_agg_mode": "token-mean",
-    "policy_loss": {"loss_mode": "vanilla"},
-    "entropy_coeff": 0.0,
-    "use_kl_loss": False,
-    "ppo_epochs": 1,
-    "optim": {"clip_grad": 1e30},  # no clipping: the raw gradient
-}
+# size/tiny.yaml's actor (policy.tiny_actor_config), with no gradient clipping (the raw gradient) and no
+# KL term (no reference model here)
+ACTOR = policy.tiny_actor_config(use_kl_loss=False, optim={"clip_grad": 1e30})
 
 
 class _Capture(torch.optim.Optimizer):

@@ -26,9 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from verl.workers.config import ActorConfig, OptimizerConfig, PolicyLossConfig
@@ -223,6 +225,32 @@ def make_optimizer(
     """AdamW over all trainable parameters (verl's FSDP actor defaults: weight decay 0.01)."""
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+# The tiny model's PPO actor settings have one source, the recipe's size group for it (a YAML file read by
+# path: tinylm imports nothing above it). The real-path run composes it; the direct loop and the
+# gradient probe read these keys from it.
+TINY_SIZE_YAML = Path(__file__).resolve().parents[1] / "config" / "size" / "tiny.yaml"
+TINY_ACTOR_KEYS = ("clip_ratio_low", "clip_ratio_high", "loss_agg_mode", "entropy_coeff", "ppo_epochs")
+
+
+def tiny_actor_config(**overrides: Any) -> dict[str, Any]:
+    """The tiny model's ``actor_rollout_ref.actor`` loss settings: ``TINY_ACTOR_KEYS`` from
+    config/size/tiny.yaml, and verl's own defaults (ActorConfig, PolicyLossConfig, OptimizerConfig) for
+    the clip ratio, loss mode and gradient clip that file leaves to verl; ``overrides`` win."""
+
+    def verl_default(cls: type, name: str) -> Any:
+        return next(f.default for f in dataclasses.fields(cls) if f.name == name)
+
+    actor = yaml.safe_load(TINY_SIZE_YAML.read_text(encoding="utf-8"))["actor_rollout_ref"]["actor"]
+    return {
+        "clip_ratio": verl_default(ActorConfig, "clip_ratio"),
+        **{k: actor[k] for k in TINY_ACTOR_KEYS},
+        "policy_loss": {"loss_mode": verl_default(PolicyLossConfig, "loss_mode")},
+        "use_kl_loss": actor["use_kl_loss"],
+        "optim": {"clip_grad": verl_default(OptimizerConfig, "clip_grad")},
+        **overrides,
+    }
 
 
 # ActorConfig fields ppo_update reads (documented; anything else in the section is ignored).
