@@ -78,7 +78,7 @@ class RecipeConfig:
             "help": (
                 "``true``: let ``trainer.resume_mode=disable`` start over in a folder that holds checkpoints (its "
                 "saves overwrite the folders of the steps it saves); ``false`` refuses such a launch."
-            )
+            ),
         },
     )
 

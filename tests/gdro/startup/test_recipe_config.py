@@ -73,7 +73,7 @@ def test_controller_choices_are_typed_and_print_as_their_strings():
 def test_recipe_defaults_extend_verl(default_config):
     assert default_config.algorithm.adv_estimator == "grpo"
     assert default_config.trainer.use_v1 is True
-    assert default_config.trainer.v1.trainer_mode == "sync"
+    assert default_config.trainer.v1.trainer_mode == "gdro_sync"  # verl registry key of GDROTrainerSync
     # verl's own sections are all there (the recipe extends ppo_trainer, it does not replace it)
     for key in ("actor_rollout_ref.actor.optim.lr", "reward.reward_manager.name", "transfer_queue.backend"):
         assert OmegaConf.select(default_config, key) is not None
