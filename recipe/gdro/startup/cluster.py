@@ -131,7 +131,7 @@ def package_dir(name: str) -> str:
     )
 
 
-def ship_code_to_workers(config: DictConfig, environ: Mapping[str, str] = os.environ) -> list[str]:
+def ship_code_to_workers(config: DictConfig, environ: Optional[Mapping[str, str]] = None) -> list[str]:
     """Add this repository's packages to ``ray_kwargs.ray_init.runtime_env.py_modules``.
 
     verl 0.9.1's ``run_ppo`` passes ``OmegaConf.merge(get_ppo_ray_runtime_env(config),
@@ -140,6 +140,7 @@ def ship_code_to_workers(config: DictConfig, environ: Mapping[str, str] = os.env
     Entries the user already listed are kept (first). ``GDRO_SHIP_CODE=0`` disables it (e.g. when
     the package is installed at the same path on every node). Returns the directories added.
     """
+    environ = os.environ if environ is None else environ
     ship = str(environ.get(SHIP_ENV, "1")).strip().lower()
     if ship not in ("", "0", "1", "true", "false"):
         raise GDRORecipeError(f"{SHIP_ENV}={environ.get(SHIP_ENV)!r} is not 0, 1, true or false")
@@ -162,9 +163,10 @@ FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 
-def forward_offline_env(config: DictConfig, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+def forward_offline_env(config: DictConfig, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """Copy the set ``FORWARDED_ENV`` variables into ``ray_kwargs.ray_init.runtime_env.env_vars``
     (values the user set there win). Returns what was forwarded."""
+    environ = os.environ if environ is None else environ
     forwarded = {k: str(environ[k]) for k in FORWARDED_ENV if environ.get(k) not in (None, "")}
     if not forwarded:
         return {}
@@ -505,10 +507,11 @@ class ClusterPlan:
         return out
 
 
-def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Mapping[str, str] = os.environ) -> ClusterPlan:
+def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Optional[Mapping[str, str]] = None) -> ClusterPlan:
     """The start-up checks of this module that need no Ray: attention import and code shipping.
 
     The CPU backend (``gdro.backend=cpu``) loads the tiny LM itself, so it never requires the attention package."""
+    environ = os.environ if environ is None else environ
     cpu_backend = str(OmegaConf.select(config, "gdro.backend", default="verl")) == "cpu"
     required = attention_must_import(dry_run) and not cpu_backend
     attention = check_attention(config, strict=required)

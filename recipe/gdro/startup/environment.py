@@ -10,7 +10,7 @@ refusing it after Ray, the workers and vLLM are up. The launch scripts' own vari
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Mapping, Optional
 
 from recipe.gdro.startup.checks import GDRORecipeError
 
@@ -20,11 +20,16 @@ CPU_THREADS_ENV = "GDRO_CPU_THREADS"
 CPU_PLATFORM_ENV = "GDRO_CPU_PLATFORM"
 SKIP_SHIMS_ENV = "GDRO_CPU_PLATFORM_SKIP_SHIMS"
 LOGGING_LEVEL_ENV = "VERL_LOGGING_LEVEL"
+# verl's own file logger's variables: the trainer reads them only to find the file verl writes (to keep its
+# earlier lines on a resume); verl itself opens the file, and any value is one it accepts.
+VERL_FILE_LOGGER_PATH_ENV = "VERL_FILE_LOGGER_PATH"
+VERL_FILE_LOGGER_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
-def weight_sync_timeout(environ: Mapping[str, str] = os.environ) -> float:
+def weight_sync_timeout(environ: Optional[Mapping[str, str]] = None) -> float:
     """``GDRO_WEIGHT_SYNC_TIMEOUT`` seconds (a positive, finite number), default 900."""
+    environ = os.environ if environ is None else environ
     raw = environ.get(WEIGHT_SYNC_TIMEOUT_ENV, "")
     if not raw:
         return WEIGHT_SYNC_TIMEOUT_DEFAULT
@@ -37,8 +42,9 @@ def weight_sync_timeout(environ: Mapping[str, str] = os.environ) -> float:
     return value
 
 
-def cpu_threads(environ: Mapping[str, str] = os.environ) -> int:
+def cpu_threads(environ: Optional[Mapping[str, str]] = None) -> int:
     """``GDRO_CPU_THREADS``: torch threads of the CPU backend's stand-ins (a whole number >= 1), default 1."""
+    environ = os.environ if environ is None else environ
     raw = environ.get(CPU_THREADS_ENV, "")
     if not raw:
         return 1
@@ -69,11 +75,12 @@ def _check_logging_level(environ: Mapping[str, str]) -> None:
         raise GDRORecipeError(f"{LOGGING_LEVEL_ENV}={raw!r}: expected one of {', '.join(LOGGING_LEVELS)}")
 
 
-def check_environment(environ: Mapping[str, str] = os.environ) -> None:
+def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
     """Refuse (:class:`GDRORecipeError`, naming the variable) a bad value of any variable the recipe
     reads. Two are parsed elsewhere, where they act: ``GDRO_SHIP_CODE`` by
     :func:`recipe.gdro.startup.cluster.ship_code_to_workers` (run by the dry run too), and
     ``RAY_ADDRESS``, only tested for presence (:func:`recipe.gdro.startup.checks.check_ray_cluster`)."""
+    environ = os.environ if environ is None else environ
     weight_sync_timeout(environ)
     cpu_threads(environ)
     _check_cpu_platform(environ)
