@@ -105,7 +105,9 @@ class GDROTaskRunner:
         self.agent_loop_manager = self.backend.agent_loop_manager(self.config, self.trainer)
 
     def run(self, config: DictConfig):
-        """verl's TaskRunnerV1.run, with the backend's hooks; returns the trainer."""
+        """verl's TaskRunnerV1.run, with the backend's hooks. Returns nothing, as verl's does: on verl's path
+        this is a Ray actor's method, whose result Ray pickles (a trainer holds a live dataloader iterator,
+        which cannot be); in-process callers read :attr:`trainer`."""
         import time
 
         import transfer_queue as tq
@@ -140,7 +142,6 @@ class GDROTaskRunner:
             finally:
                 if backend.own_transfer_queue:
                     tq.close()
-        return self.trainer
 
 
 # The Ray actor verl's run_ppo starts (TaskRunnerV1 is declared the same way).
@@ -172,7 +173,9 @@ def run_cpu(
         reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
     try:
         backend = CPUBackend(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc)
-        return GDROTaskRunner(backend).run(config)
+        runner = GDROTaskRunner(backend)
+        runner.run(config)
+        return runner.trainer
     finally:
         if started:
             ray.shutdown()

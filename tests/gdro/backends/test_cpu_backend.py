@@ -121,7 +121,8 @@ def run(overrides: list[str], mixins: tuple = ()):
     config = prepare_cpu_config(compose_config(overrides))
     S.clear_transfer_queue()
     runner = GDROTaskRunner(CPUBackend(trainer_mixins=mixins, own_transfer_queue=False))
-    return runner.run(config), runner
+    assert runner.run(config) is None  # verl's path: a Ray actor's result is pickled; the trainer cannot be
+    return runner.trainer, runner
 
 
 class Recorder:
