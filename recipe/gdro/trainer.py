@@ -32,7 +32,9 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
     After each save, verl's ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` are applied
     to the ``global_step_K`` folders this process saved, as verl's own retention is; the folder it
     resumed from and every other folder on disk are never deleted, and a failed delete is logged, never
-    raised (:mod:`recipe.gdro.checkpoints`).
+    raised (:mod:`recipe.gdro.checkpoints`). On a resume, verl's file log (``trainer.logger`` with ``file``)
+    keeps the earlier lines up to the resume step: verl's ``FileLogger`` truncates its file on open, so
+    they are read here and written back at the first ``on_validate_begin`` / ``on_train_begin``.
 ``_compute_metrics``
     appends the step's ``gdro/*`` metrics (also logged through verl's Tracking) as one JSON line to
     ``<trainer.default_local_dir>/<gdro.metrics_file>``.
@@ -54,6 +56,7 @@ with ``gdro.observe=false`` every override returns verl's result untouched.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -101,7 +104,12 @@ from recipe.gdro.startup.checks import (
     handed_over,
     prompt_ids_of_table,
 )
-from recipe.gdro.startup.environment import WEIGHT_SYNC_TIMEOUT_ENV, weight_sync_timeout
+from recipe.gdro.startup.environment import (
+    VERL_FILE_LOGGER_PATH_ENV,
+    VERL_FILE_LOGGER_ROOT_ENV,
+    WEIGHT_SYNC_TIMEOUT_ENV,
+    weight_sync_timeout,
+)
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 
 logger = logging.getLogger(__name__)
@@ -156,6 +164,34 @@ def bounded_weight_sync(manager, timeout: float) -> None:
 
 
 ROLLOUT_N_FIELD = "__rollout_n__"  # the per-prompt rollout count verl's AgentLoopWorkerTQ reads
+
+
+def verl_file_log_lines(trainer_config, last_step: int) -> bytes:
+    """The lines of verl's file log (``trainer.logger`` with ``file``) whose step is at most ``last_step``,
+    as bytes; the file is where verl's ``FileLogger`` writes: ``VERL_FILE_LOGGER_PATH``, else
+    ``VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``. Empty when the logger is off or the file absent."""
+    backends = trainer_config.get("logger", None) or []
+    if "file" not in ([backends] if isinstance(backends, str) else list(backends)):
+        return b""
+    path = os.getenv(VERL_FILE_LOGGER_PATH_ENV) or os.path.join(
+        os.path.expanduser(os.getenv(VERL_FILE_LOGGER_ROOT_ENV) or "."),
+        str(trainer_config.project_name),
+        f"{trainer_config.experiment_name}.jsonl",
+    )
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines(keepends=True)
+    except OSError:
+        return b""
+    kept = []
+    for line in lines:
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            continue  # a torn last line of a killed run
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    return b"".join(kept)
 
 
 def split_trajectory_key(key: str) -> tuple[str, str, int]:
@@ -276,11 +312,43 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
         self._gdro_time = 0.0
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
+        self._verl_file_log_kept = b""  # verl's file-log lines up to the resume step (_restore_verl_file_log)
 
     def on_init_end(self):
         """verl's public hook after ``_setup``: bound every weight sync, then verl's first sync."""
         bounded_weight_sync(self.checkpoint_manager, weight_sync_timeout())
         super().on_init_end()
+
+    def on_validate_begin(self):
+        """verl's public hook; the first one runs right after ``fit`` opens verl's file logger."""
+        self._restore_verl_file_log()
+        super().on_validate_begin()
+
+    def on_train_begin(self):
+        """verl's public hook, after ``fit`` opens its loggers (and the initial validation)."""
+        self._restore_verl_file_log()
+        super().on_train_begin()
+
+    def _restore_verl_file_log(self) -> None:
+        """verl's ``FileLogger`` (``trainer.logger`` with ``file``) opens its file with ``"wb"``: a resumed run
+        would truncate the lines of the steps it resumes after. :meth:`_load_checkpoint` read them before
+        ``fit`` opened the file; they go back in front of what this run has written so far."""
+        kept, self._verl_file_log_kept = self._verl_file_log_kept, b""
+        file_logger = getattr(getattr(self, "logger", None), "logger", {}).get("file") if kept else None
+        fp = getattr(file_logger, "fp", None)
+        if fp is None:
+            return
+        with open(fp.name, "rb") as f:
+            written = f.read()
+        fp.seek(0)
+        fp.write(kept + written)
+        fp.truncate()
+        logger.info(
+            "GDRO: kept the %d lines of verl's file log up to step %d in %s",
+            kept.count(b"\n"),
+            self.global_steps,
+            fp.name,
+        )
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -755,6 +823,8 @@ class GDROTrainerSync(PPOTrainerSync):
         # folder on disk belong to earlier processes (or branches) and are never deleted.
         self._gdro_saved_steps = []
         self._log_kept_checkpoints()
+        if self.global_steps > 0:
+            self._verl_file_log_kept = verl_file_log_lines(self.config.trainer, self.global_steps)
         if not self.gdro_enabled:
             return
         if self.global_steps == 0:

@@ -284,7 +284,7 @@ def assert_states_equal(a, b, path="state", approx_under=()):
         assert a == b, path
 
 
-def test_checkpoint_and_resume_reproduce_step_3(joint_run, tmp_path_factory, tokenizer, script):
+def test_checkpoint_and_resume_reproduce_step_3(joint_run, tmp_path_factory, tokenizer, script, monkeypatch):
     from recipe.gdro.trainer import GDROTrainerSync
 
     src = joint_run["work"]
@@ -299,9 +299,18 @@ def test_checkpoint_and_resume_reproduce_step_3(joint_run, tmp_path_factory, tok
     shutil.copytree(ckpt_a, work / "ckpt")
     shutil.rmtree(work / "ckpt" / "global_step_3")
     (work / "ckpt" / "latest_checkpointed_iteration.txt").write_text("2")
+    # verl's file logger opens its file "wb": the resume keeps the earlier run's lines up to step 2
+    verl_log = work / "verl_metrics.jsonl"
+    old_lines = [json.dumps({"step": k, "data": {"run": "a", "k": k}}) + "\n" for k in (1, 2, 3)]
+    verl_log.write_text("".join(old_lines))
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(verl_log))
     extra = [o for o in JOINT if not o.startswith("trainer.resume_mode")] + ["trainer.resume_mode=auto"]
-    config = make_config(work, *extra)
+    config = make_config(work, *extra, "trainer.logger=[console,file]")
     trainer_b, manager_b = S.run_fit(GDROTrainerSync, config, tokenizer, script)
+    trainer_b.logger.logger["file"].finish()
+    log_lines = verl_log.read_text().splitlines(keepends=True)
+    assert log_lines[:2] == old_lines[:2], "the resume truncated verl's file log"
+    assert [json.loads(line)["step"] for line in log_lines[2:]] == [3] and '"run"' not in log_lines[2]
 
     assert any(p.endswith("global_step_2/actor") for p in trainer_b.actor_rollout_wg.loaded)
     assert [b["step"] for b in manager_b.batches] == [3]
