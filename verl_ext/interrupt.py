@@ -37,6 +37,8 @@ _OWNER_PID: int | None = None
 _STOP_AT_SIGNAL = False
 _PROG: str | None = None  # set by install(prog) before run_main: a signal then exits at once (imports)
 _RAISE = False  # run_main is running main: a signal raises Interrupted so finally blocks run
+_RECEIVED: int | None = None  # the signal the handler took: a library that turns Interrupted into a plain
+# KeyboardInterrupt (Ray's ray.get does) must not make a SIGTERM look like a Ctrl-C
 
 
 class Interrupted(KeyboardInterrupt):
@@ -57,6 +59,8 @@ def _handler(signum, frame):  # noqa: ARG001 - the signal module's signature
         if signum == signal.SIGTERM:
             os._exit(128 + signum)
         return
+    global _RECEIVED
+    _RECEIVED = signum
     _ignore_signals()
     if not _RAISE:  # still importing (install(prog) at the top of a command): nothing to unwind
         interrupted_exit(_PROG or os.path.basename(sys.argv[0] or "python"), signum)
@@ -145,5 +149,5 @@ def run_main(
     try:
         code = main(*args)
     except KeyboardInterrupt as exc:
-        interrupted_exit(prog, getattr(exc, "signum", signal.SIGINT), detail)
+        interrupted_exit(prog, getattr(exc, "signum", _RECEIVED or signal.SIGINT), detail)
     sys.exit(code)

@@ -48,7 +48,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE
-from recipe.gdro.startup.checks import DATA_LISTED, DATA_REQUIRED, GDRORecipeError, hand_over, prepare
+from recipe.gdro.startup.checks import (
+    DATA_LISTED,
+    DATA_REQUIRED,
+    GDRORecipeError,
+    hand_over,
+    join_existing_cluster,
+    prepare,
+)
 from recipe.gdro.startup.cli import (
     CONFIG_NAME,
     DRY_RUN_CONFIG_ONLY,
@@ -60,6 +67,7 @@ from recipe.gdro.startup.cli import (
 )
 from recipe.gdro.startup.plan import format_plan, print_dry_run
 from verl_ext import GDROConfigError, PromptIdError
+from verl_ext.interrupt import reinstall
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -117,7 +125,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         return 0
 
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
-    print("\n".join(cluster_lines), file=stdout, flush=True)
+    print("\n".join([*cluster_lines, *join_existing_cluster(config)]), file=stdout, flush=True)
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
     hand_over(config, prepared)  # the trainer uses what was checked here; nothing re-checks it
@@ -136,7 +144,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     from recipe.gdro.trainer import WeightSyncTimeout
 
     try:
-        run_ppo(config, task_runner_class=GDROTaskRunnerActor)
+        run_ppo(config, task_runner_class=_HandlersBackAfterRayInit(GDROTaskRunnerActor))
     except Exception as e:  # noqa: BLE001 - only a bounded weight sync that ran out is ours to report
         cause = _find_cause(e, WeightSyncTimeout)
         if cause is None:
@@ -144,6 +152,25 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+class _HandlersBackAfterRayInit:
+    """verl's ``run_ppo`` calls ``ray.init``, which replaces this process's SIGTERM handler with Ray's
+    (``sys.exit`` raised inside ``ray.get``: a C++ abort, exit 134 and a crash dump, with Ray's processes
+    left to die on their own). ``run_ppo`` builds the task runner right after, in this thread, through
+    ``task_runner_class.remote()`` (or ``.options(...)``): there the handlers of :mod:`verl_ext.interrupt`
+    go back, so SIGTERM ends the run as Ctrl-C does (one line, exit 143, Ray's processes stopped)."""
+
+    def __init__(self, actor_cls):
+        self._actor_cls = actor_cls
+
+    def remote(self, *args, **kwargs):
+        reinstall()
+        return self._actor_cls.remote(*args, **kwargs)
+
+    def options(self, *args, **kwargs):
+        reinstall()
+        return self._actor_cls.options(*args, **kwargs)
 
 
 def _find_cause(error: BaseException, cls: type) -> Optional[BaseException]:

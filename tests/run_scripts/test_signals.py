@@ -200,6 +200,24 @@ def test_quickstart_interrupted_stops_its_training_run(tmp_path):
     assert not (out / "report.md").exists()
 
 
+def test_sigterm_stays_sigterm_when_a_library_reraises_a_plain_keyboard_interrupt():
+    """Ray's ray.get turns the handler's Interrupted into a plain KeyboardInterrupt: the command still
+    reports SIGTERM and exits 143 (before: 'interrupted (SIGINT)', exit 130, on the GPU launch path)."""
+    script = (
+        "import os, signal\n"
+        "from verl_ext.interrupt import run_main\n"
+        "def main():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        signal.pause()\n"
+        "    except KeyboardInterrupt:\n"
+        "        raise KeyboardInterrupt('ray.get') from None\n"
+        "run_main('prog', main)\n"
+    )
+    r = subprocess.run([PY, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
+
+
 @pytest.mark.slow
 def test_cpu_backend_run_interrupted_mid_training(tmp_path):
     """``python -m recipe.gdro.main_gdro gdro.backend=cpu`` (cpu_backend_tiny.sh; SIGINT printed 181 traceback

@@ -508,9 +508,10 @@ def check_local_model(config: DictConfig) -> Optional[str]:
     return folder
 
 
-def check_ray_cluster(config: DictConfig, environ=os.environ) -> Optional[str]:
+def check_ray_cluster(config: DictConfig, environ=None) -> Optional[str]:
     """A real launch on ``trainer.nnodes`` > 1 needs a running Ray cluster to join (``ray start`` on every
     node, or ``RAY_ADDRESS``); otherwise verl starts a one-node Ray and waits for nodes that never come."""
+    environ = os.environ if environ is None else environ
     nnodes = int(config.trainer.nnodes)
     if nnodes <= 1 or environ.get("RAY_ADDRESS"):
         return None
@@ -526,6 +527,27 @@ def check_ray_cluster(config: DictConfig, environ=os.environ) -> Optional[str]:
             "'ray start --address=<head>:6379' on the others (docs/cluster.md, \"Multi-node\"), or set RAY_ADDRESS"
         )
     return "running"
+
+
+def join_existing_cluster(config: DictConfig, environ=None) -> list[str]:
+    """A launch that joins a running Ray cluster (``RAY_ADDRESS``, or ``ray_kwargs.ray_init.address``) must
+    not pass ``num_cpus`` / ``num_gpus`` to ``ray.init`` (Ray refuses: "When connecting to an existing
+    cluster, num_cpus and num_gpus must not be provided"); the cluster's nodes declare their own. Clears
+    them in ``config`` and returns one line per key it cleared (none when it starts its own Ray)."""
+    environ = os.environ if environ is None else environ
+    ray_init = OmegaConf.select(config, "ray_kwargs.ray_init")
+    if ray_init is None or not (environ.get("RAY_ADDRESS") or ray_init.get("address", None)):
+        return []
+    cleared = []
+    for key in ("num_cpus", "num_gpus"):
+        value = ray_init.get(key, None)
+        if value is not None:
+            OmegaConf.update(config, f"ray_kwargs.ray_init.{key}", None, merge=False)
+            cleared.append(
+                f"[gdro] joining a running Ray cluster: ray_kwargs.ray_init.{key}={value} not passed to ray.init "
+                "(the cluster's nodes declare their resources)"
+            )
+    return cleared
 
 
 # --------------------------------------------------------------------------------------- modes
@@ -1252,6 +1274,7 @@ __all__ = [
     "CPU_MODE_SUFFIX",
     "GDRO_TRAINER_MODE",
     "base_trainer_mode",
+    "join_existing_cluster",
     "is_gdro_trainer",
     "Checked",
     "hand_over",

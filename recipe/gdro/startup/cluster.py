@@ -372,6 +372,8 @@ class KVEstimate:
     max_seq_len: int
     overhead_gib: float = NON_KV_OVERHEAD_GIB
     max_model_len: Optional[int] = None  # vLLM's, as verl's server sets it (None: unknown)
+    device: str = f"an assumed {ASSUMED_GPU_GIB:.1f} GiB GPU (none visible here)"  # what gpu_gib is the memory of
+    explicit: bool = False  # the cache size is rollout.engine_kwargs.vllm.kv_cache_memory_bytes, not a fraction
 
     @property
     def worst_case_tokens_per_replica(self) -> float:
@@ -379,10 +381,16 @@ class KVEstimate:
 
     def line(self, gmu: float) -> str:
         graphs = "CUDA graphs assumed" if self.overhead_gib > NON_KV_OVERHEAD_GIB else "eager"
+        if self.explicit:
+            source = f"set: engine_kwargs.vllm.kv_cache_memory_bytes = {self.kv_gib_per_gpu:.3g} GiB"
+        else:
+            source = (
+                f"estimate: {gmu} x {self.gpu_gib:.1f} GiB of {self.device} - {self.weights_gib_per_gpu:.1f} GiB "
+                f"weights - {self.overhead_gib:g} GiB overhead ({graphs})"
+            )
         text = (
-            f"kv cache     ~{self.tokens_per_replica / 1e3:.0f}k tokens per vLLM replica (estimate: {gmu} x "
-            f"{self.gpu_gib:.1f} GiB - {self.weights_gib_per_gpu:.1f} GiB weights - {self.overhead_gib:g} GiB "
-            f"overhead ({graphs}), at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs "
+            f"kv cache     ~{self.tokens_per_replica / 1e3:.0f}k tokens per vLLM replica ({source}, "
+            f"at {self.bytes_per_token_per_gpu / 1024:.0f} KiB/token/GPU) vs "
             f"{self.sequences_per_replica:g} sequences x {self.max_seq_len} tokens = "
             f"{self.worst_case_tokens_per_replica / 1e6:.2f}M per replica if all ran to the limit "
             f"({self.replicas} replicas): "
@@ -402,12 +410,17 @@ class KVEstimate:
         return text
 
 
-def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Optional[KVEstimate]:
+def kv_cache_estimate(
+    config: DictConfig, gpu_gib: Optional[float] = None, device: Optional[str] = None
+) -> Optional[KVEstimate]:
     """vLLM's KV-cache capacity per replica, and what a step would need if every sequence ran to the limit.
 
     tokens = (gpu_memory_utilization x GPU memory - bf16 weights / TP - overhead) / (KV bytes per token / TP),
     KV bytes per token = 2 (K, V) x layers x KV heads x head_dim x 2 bytes; overhead is ``NON_KV_OVERHEAD_GIB``
-    plus the assumed ``CUDA_GRAPH_GIB`` unless ``rollout.enforce_eager``. None for an unknown model.
+    plus the assumed ``CUDA_GRAPH_GIB`` unless ``rollout.enforce_eager``. ``gpu_gib`` and ``device`` name the
+    card (default: an assumed 80 GB one). A cache size set in bytes (``rollout.engine_kwargs.vllm.
+    kv_cache_memory_bytes``, as the CPU platform's ``size=tiny`` does) is what vLLM allocates instead.
+    None for an unknown model.
     """
     shape = model_shape(str(OmegaConf.select(config, "actor_rollout_ref.model.path", default="")))
     if shape is None:
@@ -422,6 +435,9 @@ def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Op
     eager = bool(OmegaConf.select(config, "actor_rollout_ref.rollout.enforce_eager", default=False))
     overhead = NON_KV_OVERHEAD_GIB + (0.0 if eager else CUDA_GRAPH_GIB)
     kv_gib = gmu * gpu_gib - weights - overhead
+    explicit = OmegaConf.select(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes")
+    if explicit is not None:
+        kv_gib = float(explicit) / GIB
     n_gpus = int(config.trainer.n_gpus_per_node) * int(config.trainer.nnodes)
     replicas = max(n_gpus // tp, 1)
     rows = int(config.data.train_batch_size) * int(rollout.n)
@@ -437,6 +453,8 @@ def kv_cache_estimate(config: DictConfig, gpu_gib: Optional[float] = None) -> Op
         seq,
         overhead_gib=overhead,
         max_model_len=vllm_max_model_len(config, shape),
+        device=device or KVEstimate.device,
+        explicit=explicit is not None,
     )
 
 
@@ -450,16 +468,18 @@ def vllm_max_model_len(config: DictConfig, shape: Mapping[str, Any]) -> Optional
     return int(mpe) if mpe else None
 
 
-def _local_gpu_gib() -> Optional[float]:
-    """This node's GPU memory (GiB) when CUDA is visible, else None (the estimate assumes 80 GB cards)."""
+def _local_gpu() -> tuple[Optional[float], Optional[str]]:
+    """This node's GPU memory (GiB) and name when CUDA is visible, else (None, None): the estimate then
+    assumes an 80 GB card and says so."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory / GIB
+            props = torch.cuda.get_device_properties(0)
+            return props.total_memory / GIB, f"this node's {props.name}"
     except Exception:  # noqa: BLE001
         pass
-    return None
+    return None, None
 
 
 # --------------------------------------------------------------------------------------- start-up
@@ -520,7 +540,7 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Optional[Mappi
     kv_line = ""
     if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm" and not cpu_backend:
         try:
-            estimate = kv_cache_estimate(config, gpu_gib=_local_gpu_gib())
+            estimate = kv_cache_estimate(config, *_local_gpu())
         except Exception:  # noqa: BLE001 - an estimate must never stop a launch
             estimate = None
         if estimate is not None:

