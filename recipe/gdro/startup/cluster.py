@@ -157,13 +157,24 @@ def ship_code_to_workers(config: DictConfig, environ: Optional[Mapping[str, str]
     return added
 
 
-# Offline clusters: Ray workers on other nodes inherit the environment of *their* `ray start`, not
-# the driver's, so the hub switches are forwarded explicitly through the job's runtime_env.
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+# Ray workers on other nodes (and every worker of a cluster the launch joins) inherit the environment of
+# *their* `ray start`, not the driver's: what the run's workers read is forwarded through the job's
+# runtime_env. The hub switches; the weight-sync bound (read by the TaskRunner); TransferQueue's
+# send/recv timeout (read in the TaskRunner: a storage unit on a lost node stalls a step that long, 200 s
+# by default); verl's file logger's path (opened in the TaskRunner).
+FORWARDED_ENV = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "GDRO_WEIGHT_SYNC_TIMEOUT",
+    "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT",
+    "VERL_FILE_LOGGER_PATH",
+    "VERL_FILE_LOGGER_ROOT",
+)
 ENV_VARS_KEY = "ray_kwargs.ray_init.runtime_env.env_vars"
 
 
-def forward_offline_env(config: DictConfig, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def forward_worker_env(config: DictConfig, environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """Copy the set ``FORWARDED_ENV`` variables into ``ray_kwargs.ray_init.runtime_env.env_vars``
     (values the user set there win). Returns what was forwarded."""
     environ = os.environ if environ is None else environ
@@ -536,7 +547,7 @@ def cluster_checks(config: DictConfig, *, dry_run: bool, environ: Optional[Mappi
     required = attention_must_import(dry_run) and not cpu_backend
     attention = check_attention(config, strict=required)
     shipped = ship_code_to_workers(config, environ)
-    forwarded = forward_offline_env(config, environ)
+    forwarded = forward_worker_env(config, environ)
     kv_line = ""
     if OmegaConf.select(config, "actor_rollout_ref.rollout.name", default=None) == "vllm" and not cpu_backend:
         try:
@@ -575,7 +586,7 @@ __all__ = [
     "cluster_cpus_needed",
     "cluster_checks",
     "configured_attn_implementation",
-    "forward_offline_env",
+    "forward_worker_env",
     "kv_cache_estimate",
     "model_shape",
     "package_dir",

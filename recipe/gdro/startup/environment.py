@@ -24,6 +24,9 @@ LOGGING_LEVEL_ENV = "VERL_LOGGING_LEVEL"
 # earlier lines on a resume); verl itself opens the file, and any value is one it accepts.
 VERL_FILE_LOGGER_PATH_ENV = "VERL_FILE_LOGGER_PATH"
 VERL_FILE_LOGGER_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
+# TransferQueue's send/recv timeout in seconds (its default 200), forwarded to the run's workers
+# (startup.cluster.FORWARDED_ENV); TransferQueue parses it with int() at import, inside Ray.
+TQ_TIMEOUT_ENV = "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT"
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
@@ -75,6 +78,12 @@ def _check_logging_level(environ: Mapping[str, str]) -> None:
         raise GDRORecipeError(f"{LOGGING_LEVEL_ENV}={raw!r}: expected one of {', '.join(LOGGING_LEVELS)}")
 
 
+def _check_tq_timeout(environ: Mapping[str, str]) -> None:
+    raw = environ.get(TQ_TIMEOUT_ENV, "")
+    if raw and not (raw.strip().isdigit() and int(raw) >= 1):
+        raise GDRORecipeError(f"{TQ_TIMEOUT_ENV}={raw!r}: expected a whole number of seconds >= 1")
+
+
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
     """Refuse (:class:`GDRORecipeError`, naming the variable) a bad value of any variable the recipe
     reads. Two are parsed elsewhere, where they act: ``GDRO_SHIP_CODE`` by
@@ -85,6 +94,7 @@ def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
     cpu_threads(environ)
     _check_cpu_platform(environ)
     _check_logging_level(environ)
+    _check_tq_timeout(environ)
 
 
 __all__ = [

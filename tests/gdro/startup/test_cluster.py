@@ -160,15 +160,20 @@ def test_namespace_recipe_ships_this_repositorys_portion_whatever_its_path_entri
         cluster.package_dir("other_ns")
 
 
-def test_offline_hub_flags_are_forwarded_to_workers():
+def test_what_the_workers_read_is_forwarded_to_them():
+    """Workers of a cluster the launch joins inherit their own `ray start`'s environment: the hub switches, the
+    weight-sync bound and TransferQueue's send/recv timeout (read in the TaskRunner) go in the runtime_env."""
     config = compose_config([])
-    assert cluster.forward_offline_env(config, environ={}) == {}
-    forwarded = cluster.forward_offline_env(config, environ={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": ""})
+    assert cluster.forward_worker_env(config, environ={}) == {}
+    timeouts = {"GDRO_WEIGHT_SYNC_TIMEOUT": "60", "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": "20", "OTHER": "x"}
+    assert cluster.forward_worker_env(config, environ=timeouts) == {k: v for k, v in timeouts.items() if k != "OTHER"}
+    config = compose_config([])
+    forwarded = cluster.forward_worker_env(config, environ={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": ""})
     assert forwarded == {"HF_HUB_OFFLINE": "1"}
     assert preflight.ray_init_kwargs(config)["runtime_env"]["env_vars"]["HF_HUB_OFFLINE"] == "1"
     # a value the user set in the runtime_env wins
     config = compose_config(["+ray_kwargs.ray_init.runtime_env.env_vars={HF_HUB_OFFLINE: '0'}"])
-    assert cluster.forward_offline_env(config, environ={"HF_HUB_OFFLINE": "1"}) == {}
+    assert cluster.forward_worker_env(config, environ={"HF_HUB_OFFLINE": "1"}) == {}
     assert config.ray_kwargs.ray_init.runtime_env.env_vars.HF_HUB_OFFLINE == "0"
 
 

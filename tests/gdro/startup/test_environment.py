@@ -21,6 +21,7 @@ BAD = {
     "GDRO_CPU_PLATFORM": ["yes", "2", "false"],
     "GDRO_CPU_PLATFORM_SKIP_SHIMS": ["shim_nope", "shim_process_group_backend,typo"],
     "VERL_LOGGING_LEVEL": ["abc", "debug"],
+    "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": ["abc", "0", "1.5", "-2"],
 }
 
 
@@ -54,7 +55,7 @@ def test_no_variable_read_by_the_recipe_goes_unchecked():
     from recipe.gdro.startup import environment
 
     source = Path(environment.__file__).read_text()
-    named = set(re.findall(r"\"(GDRO_[A-Z_]+|VERL_[A-Z_]+)\"", source)) | {"GDRO_SHIP_CODE", "RAY_ADDRESS"}
+    named = set(re.findall(r"\"((?:GDRO|VERL|TQ)_[A-Z_]+)\"", source)) | {"GDRO_SHIP_CODE", "RAY_ADDRESS"}
     named.add("VERL_ENGINE_DEVICE")  # set by the cpu platform for verl (setdefault), not read from the user
     assert read <= named, f"read but not checked: {sorted(read - named)}"
     assert set(BAD) <= read  # and the check list is not stale
