@@ -145,13 +145,62 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
 
     try:
         run_ppo(config, task_runner_class=_HandlersBackAfterRayInit(GDROTaskRunnerActor))
-    except Exception as e:  # noqa: BLE001 - only a bounded weight sync that ran out is ours to report
+    except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
+        lost = _lost_nodes(e)
+        if lost:
+            print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=sys.stderr, flush=True)
+            return 1
         cause = _find_cause(e, WeightSyncTimeout)
         if cause is None:
             raise
         print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _lost_nodes(error: BaseException, wait: float = 20.0) -> list[dict]:
+    """The Ray nodes of this run's cluster that are dead (``ray.nodes()``), when Ray is still connected. An
+    actor that died or became unreachable often reaches the driver before Ray's GCS marks its node dead
+    (measured: ~10 s after a node was killed), so for such an error the GCS is asked again for ``wait`` s."""
+    try:
+        import time
+
+        import ray
+        import ray.exceptions as rex
+
+        if not ray.is_initialized():
+            return []
+        faults = (rex.RayActorError, rex.ActorUnavailableError, rex.NodeDiedError, rex.ObjectLostError)
+        chain, seen = [], set()
+        while error is not None and id(error) not in seen:  # the error, Ray's wrapped cause, Python's chain
+            seen.add(id(error))
+            chain.append(error)
+            cause = getattr(error, "cause", None)
+            error = cause if isinstance(cause, BaseException) else (error.__cause__ or error.__context__)
+        node_fault = any(isinstance(e, faults) for e in chain)
+        deadline = time.monotonic() + (wait if node_fault else 0.0)
+        while True:
+            lost = [n for n in ray.nodes() if not n.get("Alive", True)]
+            if lost or time.monotonic() >= deadline:
+                return lost
+            time.sleep(1.0)
+    except Exception:  # noqa: BLE001 - the GCS itself is gone: nothing to name
+        return []
+
+
+def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException) -> str:
+    """One line for a run that ended because a node died: which node, the last complete checkpoint, what to do."""
+    from recipe.gdro.checkpoints import newest_complete
+
+    nodes = ", ".join(f"{n.get('NodeID', '?')[:12]} ({n.get('NodeManagerAddress', '?')})" for n in lost)
+    root = str(config.trainer.default_local_dir)
+    newest = newest_complete(root)
+    resume = f"the last complete checkpoint is {newest}" if newest else f"no complete checkpoint in {root}"
+    first = (str(error).strip().splitlines() or [""])[0][:160]
+    return (
+        f"lost Ray node{'s' if len(lost) > 1 else ''} {nodes} during the run ({type(error).__name__}: {first}); "
+        f"{resume}; bring the node back and relaunch the same command to resume"
+    )
 
 
 class _HandlersBackAfterRayInit:
