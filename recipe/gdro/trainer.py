@@ -79,6 +79,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from recipe.gdro.checkpoints import (
+    GDRO_RESUME_RECORD,
     GDRO_STATE_FILE,
     checkpoint_folders,
     enforce_retention,
@@ -111,6 +112,7 @@ from recipe.gdro.startup.environment import (
     weight_sync_timeout,
 )
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
+from verl_ext.controller import state_fingerprint
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -869,6 +871,19 @@ class GDROTrainerSync(PPOTrainerSync):
                     "GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path
                 )
         logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)
+        self._record_restored_state(path)
+
+    def _record_restored_state(self, path: str) -> None:
+        """Append to ``<default_local_dir>/gdro_resume.jsonl`` what was restored: the step, the file and a
+        digest of every field of the controller state as loaded (verl_ext.controller.state_fingerprint), so
+        a restore can be checked field by field against the pickle it came from."""
+        record = {
+            "resumed_at_step": int(self.global_steps),
+            "state_file": path,
+            "fields": state_fingerprint(self.gdro.state_dict()),
+        }
+        with open(os.path.join(self.config.trainer.default_local_dir, GDRO_RESUME_RECORD), "a") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 # verl's registry (verl.trainer.ppo.v1.register_trainer): the recipe's trainer under its own key ("sync" is

@@ -13,7 +13,8 @@ checkpoint every 2 steps.
 2. The worker node is removed without grace (its raylet and every worker on it killed) in the step after
    the first complete checkpoint: the driver ends in bounded time, non-zero, with one line that names the
    lost node and the last complete checkpoint; no process of the run is left; the checkpoints are as they were.
-3. The node comes back and the same command resumes from that checkpoint and finishes; retention keeps it.
+3. The node comes back and the same command resumes from that checkpoint, its controller state restored
+   field by field, saves again, and SIGTERM in the step after ends it in seconds; retention keeps both saves.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -28,13 +30,23 @@ from pathlib import Path
 import psutil
 import pytest
 from recipe_helpers.paths import REPO
-from recipe_helpers.real_path import VENV, launch_command, read_jsonl, require_venv, steps_so_far, verl_steps
+from recipe_helpers.real_path import (
+    VENV,
+    assert_restored_as_saved,
+    launch_command,
+    read_jsonl,
+    require_venv,
+    signal_after,
+    steps_so_far,
+    verl_steps,
+)
 
 from recipe.gdro.checkpoints import incomplete_reason
 
 pytestmark = pytest.mark.two_nodes  # deselected by default (pyproject.toml); .ci/run runs it as its own step
 
-STEPS = 4
+STEPS = 4  # the resume's save; the launch asks for more, and SIGTERM stops it in the step after
+TOTAL_STEPS = 6
 KILL_BOUND_S = 120  # the driver must end this soon after the node is lost
 TWO_NODES = ("trainer.nnodes=2", "trainer.n_gpus_per_node=1")
 
@@ -91,7 +103,7 @@ def _launch_argv(base: Path, address: str):
         "joint_gdro",
         base / "out",
         *TWO_NODES,
-        f"trainer.total_training_steps={STEPS}",
+        f"trainer.total_training_steps={TOTAL_STEPS}",
         "trainer.save_freq=2",
         "trainer.val_before_train=false",
         env={"RAY_ADDRESS": address, "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": "20"},
@@ -177,18 +189,25 @@ def test_a_lost_node_ends_the_run_in_bounded_time_with_one_line(killed):
         assert complete == (name == "global_step_2"), (name, killed["after"][name])
 
 
-def test_the_same_command_resumes_after_the_node_is_back(two_nodes, killed):
+def test_the_same_command_resumes_after_the_node_is_back_and_sigterm_stops_it(two_nodes, killed):
+    """The node re-added, the same command resumes from step 2 with the controller state restored field by
+    field, runs to its step-4 save, and SIGTERM (a scheduler's preemption) in the step after ends it in
+    seconds with exit 143 and one line, no process of the run left, both checkpoints complete."""
     cluster = two_nodes["cluster"]
     info = cluster.command("add")
     argv, env = _launch_argv(two_nodes["base"], info["address"])
-    t0 = time.monotonic()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
-    seconds = time.monotonic() - t0
-    print(f"two nodes: the resume ran steps 3-{STEPS} in {seconds:.0f} s")
-    assert r.returncode == 0, r.stderr[-3000:]
+    term = signal_after(argv, env, killed["run"], STEPS, two_nodes["base"], signal.SIGTERM)
+    print(
+        f"two nodes: the resume ran steps 3-{STEPS} and saved in {term['to_signal']:.0f} s; SIGTERM ended it in "
+        f"{term['seconds']:.1f} s"
+    )
+    assert term["code"] == 143, term["stderr"][-3000:]
+    assert term["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
+    assert term["seconds"] < 30
+    assert term["tree"] > 3 and not term["left"], term["left"]
     run = killed["run"]
     rows = {r["step"]: r for r in read_jsonl(run / "gdro_metrics.jsonl") if "step" in r}
-    assert sorted(rows) == list(range(1, STEPS + 1))
-    assert "GDRO state restored" in r.stdout + r.stderr
+    assert sorted(rows)[:STEPS] == list(range(1, STEPS + 1)) and max(rows) <= STEPS + 1
+    assert_restored_as_saved(run, 2)
     assert incomplete_reason(str(run / "global_step_2"), with_gdro_state=True) is None  # retention kept it
     assert incomplete_reason(str(run / f"global_step_{STEPS}"), with_gdro_state=True) is None

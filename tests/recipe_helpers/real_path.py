@@ -80,3 +80,55 @@ def steps_so_far(log: Path) -> dict[int, dict]:
         return verl_steps(log)
     except (OSError, ValueError):  # not opened yet, or a line being written
         return {}
+
+
+def signal_after(argv: list[str], env: dict, run: Path, step: int, logs: Path, sig: int) -> dict:
+    """Run the launch until ``step`` is done (verl's checkpoint marker names it, so its save is complete, and
+    verl's file log holds its line, the last thing a step writes), then send it ``sig``: returns the exit code,
+    the seconds to exit, its stderr and the run's processes just before the signal."""
+    import psutil
+
+    with open(logs / "stdout.log", "w") as stdout, open(logs / "stderr.log", "w") as stderr:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
+        try:
+            marker, log = run / "latest_checkpointed_iteration.txt", run / "verl_metrics.jsonl"
+            while not (marker.read_text().strip() == str(step) and step in steps_so_far(log)):
+                assert proc.poll() is None, (logs / "stderr.log").read_text()[-3000:]
+                assert time.monotonic() - t0 < 900, f"no save of step {step} within 900 s"
+                time.sleep(0.5)
+            tree = psutil.Process(proc.pid).children(recursive=True)
+            to_signal = time.monotonic() - t0
+            proc.send_signal(sig)
+            proc.wait(timeout=120)
+            seconds = time.monotonic() - t0 - to_signal
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    time.sleep(1)
+    left = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return {
+        "code": proc.returncode,
+        "seconds": seconds,
+        "to_signal": to_signal,
+        "stderr": (logs / "stderr.log").read_text(),
+        "tree": len(tree),
+        "left": [" ".join(p.cmdline()[:3]) for p in left],
+    }
+
+
+def assert_restored_as_saved(run: Path, step: int) -> None:
+    """The trainer's record of its restore (gdro_resume.jsonl) equals, field by field, the digests of the
+    gdro_state.pkl of ``global_step_<step>``, and names every part of the controller state."""
+    import pickle
+
+    from verl_ext.controller import state_fingerprint
+
+    [record] = [json.loads(line) for line in (run / "gdro_resume.jsonl").read_text().splitlines()]
+    saved = state_fingerprint(pickle.loads((run / f"global_step_{step}" / "gdro_state.pkl").read_bytes()))
+    assert record["resumed_at_step"] == step
+    for part in ("binner.ring", "prompt.scores", "rollout.log_mu", "rollout.variance", "rollout.rng.state.state"):
+        assert part in saved, part
+    assert any(k.startswith("lengths.") for k in saved)
+    differ = sorted(k for k in saved.keys() | record["fields"].keys() if saved.get(k) != record["fields"].get(k))
+    assert not differ, f"restored state differs from the saved one in {differ}"
