@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 _OWNER_PID: int | None = None
+_AFTER_STOP: list[Callable[[], object]] = []  # run by interrupted_exit once the children are stopped
 _STOP_AT_SIGNAL = False
 _PROG: str | None = None  # set by install(prog) before run_main: a signal then exits at once (imports)
 _RAISE = False  # run_main is running main: a signal raises Interrupted so finally blocks run
@@ -119,10 +120,21 @@ def stop_children(grace: float = 8.0) -> int:
     return len(tree)
 
 
+def after_children_stopped(fn: Callable[[], object]) -> None:
+    """Have :func:`interrupted_exit` call ``fn`` once the children are stopped (a clean-up that needs them
+    gone, such as removing the shared memory they mapped); an error in ``fn`` is ignored."""
+    _AFTER_STOP.append(fn)
+
+
 def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stopped") -> NoReturn:
     """Stop the children, print one line, exit ``128 + signum`` (module docstring)."""
     _ignore_signals()
     stop_children()
+    for fn in _AFTER_STOP:
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - the exit goes on whatever a clean-up does
+            pass
     try:
         sys.stdout.flush()
     except (OSError, ValueError):

@@ -66,8 +66,9 @@ from recipe.gdro.startup.cli import (
     report_compose_error,
 )
 from recipe.gdro.startup.plan import format_plan, print_dry_run
+from recipe.gdro.startup.shm import ShmLeftovers
 from verl_ext import GDROConfigError, PromptIdError
-from verl_ext.interrupt import reinstall
+from verl_ext.interrupt import after_children_stopped, reinstall
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -138,6 +139,40 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         run_cpu(config)
         return 0
 
+    # vLLM's shared-memory queues outlive its processes when Ray stops them with a signal: removed at the
+    # end of the run, whichever way it ends (startup/shm.py)
+    leftovers = ShmLeftovers()
+
+    def release(wait: float) -> None:
+        _disconnect_ray()
+        leftovers.remove(wait=wait)
+
+    after_children_stopped(lambda: release(wait=5.0))
+    try:
+        code = _run_on_ray(config, stderr=sys.stderr)
+    except KeyboardInterrupt:
+        raise  # interrupted_exit stops the children first, then releases
+    except BaseException:
+        release(wait=10.0)
+        raise
+    release(wait=10.0)
+    return code
+
+
+def _disconnect_ray() -> None:
+    """Leave Ray (a joined cluster then stops this job's workers) unless it is already gone."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # noqa: BLE001 - an unreachable GCS: nothing to leave
+        pass
+
+
+def _run_on_ray(config: DictConfig, stderr) -> int:
+    """verl's ``run_ppo`` with the recipe's task runner; a lost node and a weight sync that ran out are
+    reported in one line (exit 1)."""
     from verl.trainer.main_ppo import run_ppo
 
     from recipe.gdro.task_runner import GDROTaskRunnerActor
@@ -148,12 +183,12 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
         lost = _lost_nodes(e)
         if lost:
-            print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=sys.stderr, flush=True)
+            print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=stderr, flush=True)
             return 1
         cause = _find_cause(e, WeightSyncTimeout)
         if cause is None:
             raise
-        print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=sys.stderr, flush=True)
+        print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=stderr, flush=True)
         return 1
     return 0
 

@@ -882,7 +882,9 @@ class GDROTrainerSync(PPOTrainerSync):
             "state_file": path,
             "fields": state_fingerprint(self.gdro.state_dict()),
         }
-        with open(os.path.join(self.config.trainer.default_local_dir, GDRO_RESUME_RECORD), "a") as f:
+        root = self.config.trainer.default_local_dir  # may not exist yet (resumed from a path elsewhere)
+        os.makedirs(root, exist_ok=True)
+        with open(os.path.join(root, GDRO_RESUME_RECORD), "a") as f:
             f.write(json.dumps(record, sort_keys=True) + "\n")
 
 

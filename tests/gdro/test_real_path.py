@@ -30,8 +30,10 @@ from recipe_helpers.real_path import (
     assert_restored_as_saved,
     launch,
     launch_command,
+    leaked_segments,
     read_jsonl,
     require_venv,
+    shm_segments,
     signal_after,
     verl_steps,
 )
@@ -59,6 +61,7 @@ def runs(tmp_path_factory):
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
     )
     results = {"seconds": {}}
+    shm_before = shm_segments()
     r, seconds = launch("joint_gdro", base / "out", *common)
     assert r.returncode == 0, f"tiny_joint_gdro.sh failed ({seconds:.0f} s): {r.stderr[-3000:]}"
     results["joint_gdro"] = base / "out" / "p" / "joint_gdro"
@@ -85,6 +88,7 @@ def runs(tmp_path_factory):
     )
     results["resumed"] = dst
     results["sigint"] = signal_after(argv, env, dst, STEPS - 1, base / "resume", signal.SIGINT)
+    results["leaked_shm"] = leaked_segments(shm_before)
     print(
         f"real path: the resume to its step {STEPS - 1} save, {results['sigint']['to_signal']:.0f} s; SIGINT "
         f"ended it in {results['sigint']['seconds']:.1f} s"
@@ -218,6 +222,12 @@ def test_sigint_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
     assert stop["tree"] > 3 and not stop["left"], stop["left"]  # the run's Ray and vLLM processes, all gone
     folder = runs["resumed"] / f"global_step_{STEPS - 1}"
     assert incomplete_reason(str(folder), with_gdro_state=True) is None
+
+
+def test_no_shared_memory_outlives_the_runs(runs):
+    """vLLM's queues and verl's weight buffer in /dev/shm (160-240 MiB each, two launches here, one ended by
+    SIGINT): main_gdro removes what its run left (recipe/gdro/startup/shm.py); before, each launch left them."""
+    assert runs["leaked_shm"] == []
 
 
 def test_a_lost_node_is_one_line_naming_it_and_the_checkpoint_to_resume_from(tmp_path):

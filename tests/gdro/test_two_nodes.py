@@ -34,8 +34,10 @@ from recipe_helpers.real_path import (
     VENV,
     assert_restored_as_saved,
     launch_command,
+    leaked_segments,
     read_jsonl,
     require_venv,
+    shm_segments,
     signal_after,
     steps_so_far,
     verl_steps,
@@ -117,6 +119,7 @@ def killed(two_nodes):
     base, cluster = two_nodes["base"], two_nodes["cluster"]
     run = base / "out" / "p" / "joint_gdro"
     argv, env = _launch_argv(base, cluster.info["address"])
+    two_nodes["shm_before"] = shm_segments()
     with open(base / "first.out", "w") as stdout, open(base / "first.err", "w") as stderr:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
@@ -148,6 +151,7 @@ def killed(two_nodes):
         "before": before,
         "after": {p.name: sorted(os.listdir(p)) for p in run.glob("global_step_*")},
         "left": [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+        "leaked_shm": leaked_segments(two_nodes["shm_before"], settle=5.0),
     }
 
 
@@ -182,6 +186,7 @@ def test_a_lost_node_ends_the_run_in_bounded_time_with_one_line(killed):
     assert resume_from and resume_from.group(1).endswith("/global_step_2"), ours[0]
     assert "Error executing job" not in killed["stderr"]  # no Hydra traceback after it
     assert not killed["left"], [" ".join(p.cmdline()[:3]) for p in killed["left"]]
+    assert killed["leaked_shm"] == []  # the killed node's vLLM queues too (one machine, one /dev/shm)
     assert killed["after"] == killed["before"]  # nothing deleted, nothing half-written left looking complete
     for name in killed["after"]:
         folder = killed["run"] / name
@@ -205,6 +210,7 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigterm_stops_it(tw
     assert term["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
     assert term["seconds"] < 30
     assert term["tree"] > 3 and not term["left"], term["left"]
+    assert leaked_segments(two_nodes["shm_before"], settle=5.0) == []
     run = killed["run"]
     rows = {r["step"]: r for r in read_jsonl(run / "gdro_metrics.jsonl") if "step" in r}
     assert sorted(rows)[:STEPS] == list(range(1, STEPS + 1)) and max(rows) <= STEPS + 1

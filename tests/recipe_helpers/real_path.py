@@ -132,3 +132,23 @@ def assert_restored_as_saved(run: Path, step: int) -> None:
     assert any(k.startswith("lengths.") for k in saved)
     differ = sorted(k for k in saved.keys() | record["fields"].keys() if saved.get(k) != record["fields"].get(k))
     assert not differ, f"restored state differs from the saved one in {differ}"
+
+
+def shm_segments() -> set[str]:
+    """The shared-memory segments a launch may leave (recipe.gdro.startup.shm.PREFIXES) now in /dev/shm."""
+    from recipe.gdro.startup.shm import SHM_DIR, _segments
+
+    return _segments(SHM_DIR)
+
+
+def leaked_segments(before: set[str], settle: float = 20.0) -> list[str]:
+    """Segments new since ``before`` that no process maps, once they have had ``settle`` s to go (a launch on
+    the other pytest worker may be between its processes' end and its own clean-up)."""
+    from recipe.gdro.startup.shm import SHM_DIR, _mapped
+
+    deadline = time.monotonic() + settle
+    while True:
+        leaked = sorted((shm_segments() - before) - _mapped(SHM_DIR))
+        if not leaked or time.monotonic() >= deadline:
+            return leaked
+        time.sleep(1.0)
