@@ -33,6 +33,7 @@ from recipe_helpers.paths import REPO
 from recipe_helpers.real_path import (
     VENV,
     assert_restored_as_saved,
+    job_processes_left,
     launch_command,
     leaked_segments,
     read_jsonl,
@@ -134,6 +135,7 @@ def killed(two_nodes):
             to_kill = time.monotonic() - t0
             before = {p.name: sorted(os.listdir(p)) for p in run.glob("global_step_*")}
             tree = psutil.Process(proc.pid).children(recursive=True)
+            during = job_processes_left(cluster.proc.pid, settle=0)  # the control: what the check sees mid-run
             cluster.command("kill")
             killed_at = time.monotonic()
             proc.wait(timeout=KILL_BOUND_S + 60)
@@ -152,6 +154,8 @@ def killed(two_nodes):
         "after": {p.name: sorted(os.listdir(p)) for p in run.glob("global_step_*")},
         "left": [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
         "leaked_shm": leaked_segments(two_nodes["shm_before"], settle=5.0),
+        "job_left": job_processes_left(cluster.proc.pid),
+        "job_during": during,
     }
 
 
@@ -187,6 +191,7 @@ def test_a_lost_node_ends_the_run_in_bounded_time_with_one_line(killed):
     assert "Error executing job" not in killed["stderr"]  # no Hydra traceback after it
     assert not killed["left"], [" ".join(p.cmdline()[:3]) for p in killed["left"]]
     assert killed["leaked_shm"] == []  # the killed node's vLLM queues too (one machine, one /dev/shm)
+    assert len(killed["job_during"]) >= 3 and killed["job_left"] == []  # the run's actors, stopped by Ray
     assert killed["after"] == killed["before"]  # nothing deleted, nothing half-written left looking complete
     for name in killed["after"]:
         folder = killed["run"] / name
@@ -209,7 +214,8 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigterm_stops_it(tw
     assert term["code"] == 143, term["stderr"][-3000:]
     assert term["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
     assert term["seconds"] < 30
-    assert term["tree"] > 3 and not term["left"], term["left"]
+    # the launch joined the cluster: the run's processes are the cluster's children, not the driver's
+    assert not term["left"] and job_processes_left(cluster.proc.pid) == []
     assert leaked_segments(two_nodes["shm_before"], settle=5.0) == []
     run = killed["run"]
     rows = {r["step"]: r for r in read_jsonl(run / "gdro_metrics.jsonl") if "step" in r}

@@ -152,3 +152,36 @@ def leaked_segments(before: set[str], settle: float = 20.0) -> list[str]:
         if not leaked or time.monotonic() >= deadline:
             return leaked
         time.sleep(1.0)
+
+
+RAY_OWN = ("ray::IDLE", "ray::DashboardAgent", "ray::RuntimeEnvAgent")  # a node's own, not a job's
+
+
+def job_processes_left(cluster_pid: int, settle: float = 15.0) -> list[str]:
+    """The processes of a finished run still alive on a cluster the launch joined (descendants of the
+    process that holds the cluster): Ray workers with a task or actor (``ray::<name>``; the idle workers
+    Ray keeps and each node's agents, :data:`RAY_OWN`, are the cluster's) and vLLM's engine processes.
+    Waits up to ``settle`` s for Ray to stop them once the driver has gone."""
+    import psutil
+
+    def left() -> list[str]:
+        out = []
+        try:
+            procs = psutil.Process(cluster_pid).children(recursive=True)
+        except psutil.Error:
+            return out
+        for p in procs:
+            try:
+                title = " ".join(p.cmdline())[:80]
+            except psutil.Error:
+                continue
+            if (title.startswith("ray::") and not title.startswith(RAY_OWN)) or "EngineCore" in title:
+                out.append(title)
+        return out
+
+    deadline = time.monotonic() + settle
+    while True:
+        found = left()
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(1.0)
