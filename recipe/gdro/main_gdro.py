@@ -147,7 +147,15 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         _disconnect_ray()
         leftovers.remove(wait=wait)
 
-    after_children_stopped(lambda: release(wait=5.0))
+    def release_after_signal() -> None:  # bounded: Ray's own processes may be gone already (local Ray)
+        import threading
+
+        leaving = threading.Thread(target=_disconnect_ray, daemon=True)
+        leaving.start()
+        leaving.join(timeout=3.0)
+        leftovers.remove(wait=5.0)
+
+    after_children_stopped(release_after_signal)
     try:
         code = _run_on_ray(config, stderr=sys.stderr)
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ Checked from what the runs write (gdro_metrics.jsonl and verl's own metrics thro
   actor update reads from TransferQueue) exceed the most GRPO's own advantages can reach, (n - 1) / sqrt(n);
 * vLLM's and FSDP's token probabilities agree after each sync (verl's rollout-vs-actor metrics);
 * the gdro_state and the model resume exactly from a checkpoint;
-* SIGINT ends the resumed run in seconds and keeps its checkpoint.
+* SIGTERM ends the resumed run in seconds and keeps its checkpoint.
 
 Without the venv the end-to-end tests are skipped locally and fail in CI (CI=true): .ci/run's test
 command makes the venv first (run_scripts/test.sh).
@@ -67,11 +67,11 @@ def runs(tmp_path_factory):
     results["joint_gdro"] = base / "out" / "p" / "joint_gdro"
     results["seconds"]["joint_gdro"] = seconds
     print(f"real path: joint GDRO, {STEPS} steps, {seconds:.0f} s")
-    # Resume, then SIGINT (SIGTERM: tests/gdro/test_two_nodes.py): joint GDRO's folder with its last
+    # Resume, then SIGTERM (a scheduler's preemption): joint GDRO's folder with its last
     # checkpoint removed resumes at step STEPS - 2 at
     # lr 0 with the model alone loaded (actor.checkpoint.load_contents=[model]: verl would restore the
     # optimizer's lr of 1e-4 with the optimizer), so the model it saves at step STEPS - 1 is the one it loaded.
-    # Once that save is complete (verl writes the marker last) the run gets SIGINT in the step after.
+    # Once that save is complete (verl writes the marker last) the run gets SIGTERM in the step after.
     src, dst = results["joint_gdro"], base / "resume" / "p" / "joint_gdro"
     shutil.copytree(src, dst)
     shutil.rmtree(dst / f"global_step_{STEPS}")
@@ -87,11 +87,11 @@ def runs(tmp_path_factory):
         "actor_rollout_ref.actor.optim.lr=0",
     )
     results["resumed"] = dst
-    results["sigint"] = signal_after(argv, env, dst, STEPS - 1, base / "resume", signal.SIGINT)
+    results["sigterm"] = signal_after(argv, env, dst, STEPS - 1, base / "resume", signal.SIGTERM)
     results["leaked_shm"] = leaked_segments(shm_before)
     print(
-        f"real path: the resume to its step {STEPS - 1} save, {results['sigint']['to_signal']:.0f} s; SIGINT "
-        f"ended it in {results['sigint']['seconds']:.1f} s"
+        f"real path: the resume to its step {STEPS - 1} save, {results['sigterm']['to_signal']:.0f} s; SIGTERM "
+        f"ended it in {results['sigterm']['seconds']:.1f} s"
     )
     return results
 
@@ -170,7 +170,7 @@ def test_gdro_state_and_model_resume_exactly(runs):
     a = {r["step"]: r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r}
     b = {r["step"]: r for r in read_jsonl(runs["resumed"] / "gdro_metrics.jsonl") if "step" in r}
     step = STEPS - 1
-    assert sorted(b)[:step] == list(range(1, step + 1)) and max(b) <= step + 1  # SIGINT in the step after
+    assert sorted(b)[:step] == list(range(1, step + 1)) and max(b) <= step + 1  # SIGTERM in the step after
     # verl's own file log: the earlier run's lines up to the resume point, then the resumed step (verl's
     # FileLogger truncates its file on open; the trainer puts those lines back)
     verl_a = read_jsonl(runs["joint_gdro"] / "verl_metrics.jsonl")
@@ -208,16 +208,15 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_sigint_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
-    """verl's run_ppo calls ray.init, which replaces the command's signal handlers (SIGTERM had ended in
-    exit 134 and Ray's C++ crash dump). SIGINT in the step after a save ends the run in seconds with one
-    line and exit 130, stops every process of the run (Ray's and vLLM's), and leaves the saved checkpoint
-    complete. SIGTERM (exit 143) is checked the same way on the two-node run."""
+def test_sigterm_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
+    """verl's run_ppo calls ray.init, which replaces the SIGTERM handler (before: exit 134 and Ray's C++
+    crash dump). SIGTERM in the step after a save ends the run in seconds with one line and exit 143,
+    stops every process of the run (Ray's and vLLM's), and leaves the saved checkpoint complete."""
     from recipe.gdro.checkpoints import incomplete_reason
 
-    stop = runs["sigint"]
-    assert stop["code"] == 130, stop["stderr"][-3000:]
-    assert stop["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGINT); stopped"
+    stop = runs["sigterm"]
+    assert stop["code"] == 143, stop["stderr"][-3000:]
+    assert stop["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
     assert stop["seconds"] < 30
     assert stop["tree"] > 3 and not stop["left"], stop["left"]  # the run's Ray and vLLM processes, all gone
     folder = runs["resumed"] / f"global_step_{STEPS - 1}"
@@ -226,7 +225,7 @@ def test_sigint_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
 
 def test_no_shared_memory_outlives_the_runs(runs):
     """vLLM's queues and verl's weight buffer in /dev/shm (160-240 MiB each, two launches here, one ended by
-    SIGINT): main_gdro removes what its run left (recipe/gdro/startup/shm.py); before, each launch left them."""
+    SIGTERM): main_gdro removes what its run left (recipe/gdro/startup/shm.py); before, each launch left them."""
     assert runs["leaked_shm"] == []
 
 
