@@ -120,10 +120,17 @@ def stop_children(grace: float = 8.0) -> int:
     return len(tree)
 
 
-def after_children_stopped(fn: Callable[[], object]) -> None:
+def after_children_stopped(fn: Callable[[], object]) -> Callable[[], None]:
     """Have :func:`interrupted_exit` call ``fn`` once the children are stopped (a clean-up that needs them
-    gone, such as removing the shared memory they mapped); an error in ``fn`` is ignored."""
+    gone, such as removing the shared memory they mapped); an error in ``fn`` is ignored. Returns the call
+    that takes ``fn`` back (the caller did its clean-up itself)."""
     _AFTER_STOP.append(fn)
+
+    def cancel() -> None:
+        if fn in _AFTER_STOP:
+            _AFTER_STOP.remove(fn)
+
+    return cancel
 
 
 def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stopped") -> NoReturn:

@@ -42,6 +42,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no trac
     install("gdro")
 
 import sys
+import threading
 from typing import Optional, Sequence
 
 import hydra
@@ -144,27 +145,23 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     leftovers = ShmLeftovers()
 
     def release(wait: float) -> None:
-        _disconnect_ray()
-        leftovers.remove(wait=wait)
-
-    def release_after_signal() -> None:  # bounded: Ray's own processes may be gone already (local Ray)
-        import threading
-
+        # leaving Ray is bounded: after a signal Ray's own processes may be gone already (a local Ray)
         leaving = threading.Thread(target=_disconnect_ray, daemon=True)
         leaving.start()
         leaving.join(timeout=3.0)
-        leftovers.remove(wait=5.0)
+        leftovers.remove(wait=wait)
 
-    after_children_stopped(release_after_signal)
+    cancel = after_children_stopped(lambda: release(wait=5.0))
+    interrupted = False
     try:
-        code = _run_on_ray(config, stderr=sys.stderr)
+        return _run_on_ray(config, stderr=sys.stderr)
     except KeyboardInterrupt:
-        raise  # interrupted_exit stops the children first, then releases
-    except BaseException:
-        release(wait=10.0)
+        interrupted = True  # interrupted_exit stops the children first, then releases
         raise
-    release(wait=10.0)
-    return code
+    finally:
+        if not interrupted:
+            cancel()
+            release(wait=10.0)
 
 
 def _disconnect_ray() -> None:

@@ -136,19 +136,19 @@ def assert_restored_as_saved(run: Path, step: int) -> None:
 
 def shm_segments() -> set[str]:
     """The shared-memory segments a launch may leave (recipe.gdro.startup.shm.PREFIXES) now in /dev/shm."""
-    from recipe.gdro.startup.shm import SHM_DIR, _segments
+    from recipe.gdro.startup.shm import SHM_DIR, segments
 
-    return _segments(SHM_DIR)
+    return segments(SHM_DIR)
 
 
 def leaked_segments(before: set[str], settle: float = 20.0) -> list[str]:
     """Segments new since ``before`` that no process maps, once they have had ``settle`` s to go (a launch on
     the other pytest worker may be between its processes' end and its own clean-up)."""
-    from recipe.gdro.startup.shm import SHM_DIR, _mapped
+    from recipe.gdro.startup.shm import SHM_DIR, mapped_segments
 
     deadline = time.monotonic() + settle
     while True:
-        leaked = sorted((shm_segments() - before) - _mapped(SHM_DIR))
+        leaked = sorted((shm_segments() - before) - mapped_segments(SHM_DIR))
         if not leaked or time.monotonic() >= deadline:
             return leaked
         time.sleep(1.0)

@@ -218,6 +218,25 @@ def test_sigterm_stays_sigterm_when_a_library_reraises_a_plain_keyboard_interrup
     assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
 
 
+def test_clean_up_after_children_stopped_runs_at_a_signal_unless_taken_back():
+    """main_gdro removes its run's /dev/shm segments through after_children_stopped: interrupted_exit calls
+    the registered clean-up once the children are stopped (before the one line), and a clean-up taken back
+    (the run released them itself) is not called."""
+    script = (
+        "import os, signal, sys\n"
+        "from verl_ext.interrupt import after_children_stopped, run_main\n"
+        "def main():\n"
+        "    after_children_stopped(lambda: print('cleaned', file=sys.stderr))\n"
+        "    after_children_stopped(lambda: print('taken back', file=sys.stderr))()\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    signal.pause()\n"
+        "run_main('prog', main)\n"
+    )
+    r = subprocess.run([PY, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 143, r.stderr
+    assert r.stderr.strip().splitlines() == ["cleaned", "prog: interrupted (SIGTERM); stopped"]
+
+
 @pytest.mark.slow
 def test_cpu_backend_run_interrupted_mid_training(tmp_path):
     """``python -m recipe.gdro.main_gdro gdro.backend=cpu`` (cpu_backend_tiny.sh; SIGINT printed 181 traceback

@@ -11,8 +11,8 @@ last 6 steps minus the first 6) and exits 1 when the backend or the direct loop 
 control by ``--margin``, or when the two differ by more than ``--agreement``.
 
 The runs are deterministic for their seeds; each gain has a sampling SE of about 0.036, so the default
-margin (0.08) is about 2.5 SE of a gain's noise. tests/gdro/backends/test_cpu_backend.py runs this
-code path for 2 steps (the learning itself needs tens of steps, too long for the suite).
+margin (0.08) is about 2.5 SE of a gain's noise. tests/gdro/experiments/test_bench_learning.py runs
+this code path for 2 steps (the learning itself needs tens of steps, too long for the suite).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ def gain(accuracy) -> float:
 
 def backend_run(train: Path, out: Path, *, steps: int, lr: float):
     """GRPO on ``train`` through ``gdro.backend=cpu``; returns the trainer (``scores``: per-step score)."""
+    from recipe.gdro.backends.cpu import prepare_cpu_config
     from recipe.gdro.experiments.bench_cpu_step import tiny_overrides
     from recipe.gdro.startup.checks import prepare
     from recipe.gdro.startup.cli import compose_config
@@ -99,8 +100,6 @@ def backend_run(train: Path, out: Path, *, steps: int, lr: float):
             f"actor_rollout_ref.actor.ppo_mini_batch_size={BATCH}",  # one optimizer step per training step
         ]
     )
-    from recipe.gdro.backends.cpu import prepare_cpu_config
-
     prepare(prepare_cpu_config(config))
     return run_cpu(config, trainer_mixins=(RewardLog,))
 

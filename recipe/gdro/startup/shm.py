@@ -23,14 +23,15 @@ SHM_DIR = Path("/dev/shm")
 PREFIXES = ("psm_", "verl_weights_", "sem.mp-")
 
 
-def _segments(folder: Path) -> set[str]:
+def segments(folder: Path) -> set[str]:
+    """Names of the segments (:data:`PREFIXES`) now in ``folder``; none when it cannot be read."""
     try:
         return {e.name for e in os.scandir(folder) if e.name.startswith(PREFIXES) and e.is_file(follow_symlinks=False)}
     except OSError:
         return set()
 
 
-def _mapped(folder: Path) -> set[str]:
+def mapped_segments(folder: Path) -> set[str]:
     """Names of the segments under ``folder`` that some readable process maps (``/proc/<pid>/maps``)."""
     mapped: set[str] = set()
     prefix = f"{folder}/"
@@ -53,12 +54,12 @@ class ShmLeftovers:
 
     def __init__(self, folder: Path = SHM_DIR):
         self.folder = Path(folder)
-        self.before = _segments(self.folder)
+        self.before = segments(self.folder)
         self.uid = os.getuid()
 
     def _new_and_ours(self) -> set[str]:
         out = set()
-        for name in _segments(self.folder) - self.before:
+        for name in segments(self.folder) - self.before:
             try:
                 if (self.folder / name).stat().st_uid == self.uid:
                     out.add(name)
@@ -74,7 +75,7 @@ class ShmLeftovers:
         removed: list[str] = []
         while True:
             new = self._new_and_ours()
-            free = new - _mapped(self.folder)
+            free = new - mapped_segments(self.folder)
             for name in sorted(free):
                 try:
                     (self.folder / name).unlink()
