@@ -14,6 +14,12 @@ line ``PROG: interrupted (SIGINT); ...`` goes to stderr, and the process exits w
 A command whose own imports are slow calls ``install("prog")`` at the top of its module, before them:
 until :func:`run_main` starts ``main``, a signal ends the process at once with the same line.
 
+Whatever the command's libraries make of the interrupt (Ray's ``ray.get`` re-raises a plain
+``KeyboardInterrupt``; a library may wrap it in its own error, or catch it and go on), the command ends
+the same way: an exception or a return out of ``main`` after a signal ends through
+:func:`interrupted_exit`, and a command still running ``deadline`` seconds after the signal is ended
+from a watchdog thread.
+
 ``stop_children_at_signal=True`` stops the children in the handler itself, before unwinding: a
 ``ProcessPoolExecutor`` whose ``with`` block is left by the interrupt otherwise waits for every queued
 run (``shutdown(wait=True)``); with its workers gone it fails them at once.
@@ -30,7 +36,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 _OWNER_PID: int | None = None
@@ -40,6 +48,9 @@ _PROG: str | None = None  # set by install(prog) before run_main: a signal then 
 _RAISE = False  # run_main is running main: a signal raises Interrupted so finally blocks run
 _RECEIVED: int | None = None  # the signal the handler took: a library that turns Interrupted into a plain
 # KeyboardInterrupt (Ray's ray.get does) must not make a SIGTERM look like a Ctrl-C
+_DETAIL = "stopped"
+_DEADLINE: float | None = None  # seconds from the signal to the watchdog's exit (run_main's deadline)
+_EXITING = threading.Lock()  # one interrupted_exit: the main thread's or the watchdog's
 
 
 class Interrupted(KeyboardInterrupt):
@@ -63,8 +74,13 @@ def _handler(signum, frame):  # noqa: ARG001 - the signal module's signature
     global _RECEIVED
     _RECEIVED = signum
     _ignore_signals()
+    prog = _PROG or os.path.basename(sys.argv[0] or "python")
     if not _RAISE:  # still importing (install(prog) at the top of a command): nothing to unwind
-        interrupted_exit(_PROG or os.path.basename(sys.argv[0] or "python"), signum)
+        interrupted_exit(prog, signum)
+    if _DEADLINE is not None:  # main's unwinding may be swallowed or stuck: end the run from a thread then
+        watchdog = threading.Timer(_DEADLINE, interrupted_exit, args=(prog, signum, _DETAIL))
+        watchdog.daemon = True
+        watchdog.start()
     if _STOP_AT_SIGNAL:
         stop_children()
     raise Interrupted(signum)
@@ -87,6 +103,25 @@ def reinstall() -> None:
     ``sys.exit(15)``); does nothing unless :func:`install` ran in this process."""
     if _OWNER_PID == os.getpid():
         install(stop_children_at_signal=_STOP_AT_SIGNAL)
+
+
+def received() -> int | None:
+    """The signal this process's handler took, or None: an error that reaches a command's own code after
+    it is the interrupt's doing (a library wrapped or replaced the ``KeyboardInterrupt``)."""
+    return _RECEIVED
+
+
+@contextmanager
+def errors_as_interrupt() -> Iterator[None]:
+    """Inside, an error raised after a signal leaves as :class:`Interrupted`: a framework between the
+    command's code and :func:`run_main` (Hydra's job runner) catches ``Exception`` and prints it as a
+    failed job, but lets a ``KeyboardInterrupt`` through."""
+    try:
+        yield
+    except Exception:
+        if _RECEIVED is None:
+            raise
+        raise Interrupted(_RECEIVED) from None
 
 
 def stop_children(grace: float = 8.0) -> int:
@@ -134,8 +169,11 @@ def after_children_stopped(fn: Callable[[], object]) -> Callable[[], None]:
 
 
 def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stopped") -> NoReturn:
-    """Stop the children, print one line, exit ``128 + signum`` (module docstring)."""
-    _ignore_signals()
+    """Stop the children, print one line, exit ``128 + signum`` (module docstring). Called from the main
+    thread and the watchdog at once, the second caller waits for the first's exit."""
+    _EXITING.acquire()
+    if threading.current_thread() is threading.main_thread():  # signal.signal works there alone
+        _ignore_signals()
     stop_children()
     for fn in _AFTER_STOP:
         try:
@@ -159,14 +197,20 @@ def run_main(
     *args,
     detail: str = "stopped",
     stop_children_at_signal: bool = False,
+    deadline: float | None = 30.0,
 ) -> NoReturn:
     """``sys.exit(main(*args))`` with the handlers of :func:`install`; an interrupt ends it through
-    :func:`interrupted_exit`."""
-    global _RAISE
+    :func:`interrupted_exit`, from the main thread, or from a watchdog ``deadline`` seconds after the
+    signal when ``main`` has not let the interrupt out by then (None: no watchdog)."""
+    global _RAISE, _DETAIL, _DEADLINE
     install(prog, stop_children_at_signal=stop_children_at_signal)
-    _RAISE = True
+    _DETAIL, _DEADLINE, _RAISE = detail, deadline, True
     try:
         code = main(*args)
-    except KeyboardInterrupt as exc:
+    except BaseException as exc:  # noqa: BLE001 - after a signal, whatever comes out is the interrupt
+        if not isinstance(exc, KeyboardInterrupt) and _RECEIVED is None:
+            raise
         interrupted_exit(prog, getattr(exc, "signum", _RECEIVED or signal.SIGINT), detail)
+    if _RECEIVED is not None:  # main went on after the signal (a library caught the interrupt) and returned
+        interrupted_exit(prog, _RECEIVED, detail)
     sys.exit(code)

@@ -69,7 +69,7 @@ from recipe.gdro.startup.cli import (
 from recipe.gdro.startup.plan import format_plan, print_dry_run
 from recipe.gdro.startup.shm import ShmLeftovers
 from verl_ext import GDROConfigError, PromptIdError
-from verl_ext.interrupt import after_children_stopped, reinstall
+from verl_ext.interrupt import after_children_stopped, errors_as_interrupt, received, reinstall
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -154,7 +154,10 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     cancel = after_children_stopped(lambda: release(wait=5.0))
     interrupted = False
     try:
-        return _run_on_ray(config, stderr=sys.stderr)
+        # an error the signal caused (a Ray actor stopped under it, a wrapped interrupt) is the interrupt:
+        # Hydra would print it as a failed job and exit 1
+        with errors_as_interrupt():
+            return _run_on_ray(config, stderr=sys.stderr)
     except KeyboardInterrupt:
         interrupted = True  # interrupted_exit stops the children first, then releases
         raise
@@ -183,10 +186,13 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     from recipe.gdro.task_runner import GDROTaskRunnerActor
     from recipe.gdro.trainer import WeightSyncTimeout
 
+    task_runner = _AfterRayInit(GDROTaskRunnerActor)
     try:
-        run_ppo(config, task_runner_class=_HandlersBackAfterRayInit(GDROTaskRunnerActor))
+        run_ppo(config, task_runner_class=task_runner)
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
-        lost = _lost_nodes(e)
+        if received() is not None:  # the interrupt's doing: run_from_config ends it as one
+            raise
+        lost = _lost_nodes(e, task_runner.nodes_at_start)
         if lost:
             print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=stderr, flush=True)
             return 1
@@ -198,10 +204,12 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     return 0
 
 
-def _lost_nodes(error: BaseException, wait: float = 20.0) -> list[dict]:
-    """The Ray nodes of this run's cluster that are dead (``ray.nodes()``), when Ray is still connected. An
-    actor that died or became unreachable often reaches the driver before Ray's GCS marks its node dead
-    (measured: ~10 s after a node was killed), so for such an error the GCS is asked again for ``wait`` s."""
+def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wait: float = 20.0) -> list[dict]:
+    """The Ray nodes of this run that are dead (``ray.nodes()``; of ``nodes_at_start``, the nodes alive when the
+    run started, when known: a node lost before, still listed dead, is not this run's), when Ray is still
+    connected. An actor that died or became unreachable often reaches the driver before Ray's GCS marks its
+    node dead (measured: ~10 s after a node was killed), so for such an error the GCS is asked again for
+    ``wait`` s."""
     try:
         import time
 
@@ -220,7 +228,11 @@ def _lost_nodes(error: BaseException, wait: float = 20.0) -> list[dict]:
         node_fault = any(isinstance(e, faults) for e in chain)
         deadline = time.monotonic() + (wait if node_fault else 0.0)
         while True:
-            lost = [n for n in ray.nodes() if not n.get("Alive", True)]
+            lost = [
+                n
+                for n in ray.nodes()
+                if not n.get("Alive", True) and (nodes_at_start is None or n.get("NodeID") in nodes_at_start)
+            ]
             if lost or time.monotonic() >= deadline:
                 return lost
             time.sleep(1.0)
@@ -243,22 +255,35 @@ def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException) 
     )
 
 
-class _HandlersBackAfterRayInit:
-    """verl's ``run_ppo`` calls ``ray.init``, which replaces this process's SIGTERM handler with Ray's
-    (``sys.exit`` raised inside ``ray.get``: a C++ abort, exit 134 and a crash dump, with Ray's processes
-    left to die on their own). ``run_ppo`` builds the task runner right after, in this thread, through
-    ``task_runner_class.remote()`` (or ``.options(...)``): there the handlers of :mod:`verl_ext.interrupt`
-    go back, so SIGTERM ends the run as Ctrl-C does (one line, exit 143, Ray's processes stopped)."""
+class _AfterRayInit:
+    """verl's ``run_ppo`` calls ``ray.init`` and builds the task runner right after, in this thread, through
+    ``task_runner_class.remote()`` (or ``.options(...)``). There:
+
+    * the handlers of :mod:`verl_ext.interrupt` go back: ``ray.init`` replaced the SIGTERM handler with Ray's
+      (``sys.exit`` raised inside ``ray.get``: a C++ abort, exit 134 and a crash dump, with Ray's processes
+      left to die on their own), so SIGTERM ends the run as Ctrl-C does (one line, exit 143);
+    * the alive nodes are noted (``nodes_at_start``): a node lost during the run is one of them, not a node
+      of the cluster that died before (a joined cluster keeps listing it dead)."""
 
     def __init__(self, actor_cls):
         self._actor_cls = actor_cls
+        self.nodes_at_start: set[str] | None = None
+
+    def _started(self) -> None:
+        reinstall()
+        try:
+            import ray
+
+            self.nodes_at_start = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        except Exception:  # noqa: BLE001 - without the list a lost node is looked for among every dead node
+            self.nodes_at_start = None
 
     def remote(self, *args, **kwargs):
-        reinstall()
+        self._started()
         return self._actor_cls.remote(*args, **kwargs)
 
     def options(self, *args, **kwargs):
-        reinstall()
+        self._started()
         return self._actor_cls.options(*args, **kwargs)
 
 

@@ -218,6 +218,78 @@ def test_sigterm_stays_sigterm_when_a_library_reraises_a_plain_keyboard_interrup
     assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
 
 
+def _run_script(script: str, cwd: Path = REPO, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = subprocess.run([PY, "-c", script], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+# main() interrupted by SIGINT (a library turns the interrupt into its own error, or catches it and returns)
+_AFTER_SIGINT = (
+    "import os, signal, sys\n"
+    "from verl_ext.interrupt import run_main\n"
+    "def main():\n"
+    "    try:\n"
+    "        os.kill(os.getpid(), signal.SIGINT)\n"
+    "        signal.pause()\n"
+    "    except KeyboardInterrupt:\n"
+    "        {then}\n"
+    "run_main('prog', main)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "then", ["raise RuntimeError('the actor died') from None", "return 1"], ids=["wrapped", "returned"]
+)
+def test_an_interrupt_a_library_turns_into_an_error_or_a_return_still_ends_as_the_signal(then):
+    """The GPU launch path, SIGINT under load, once ended with exit 1 and no line (its /dev/shm segments left):
+    whatever comes out of main after the signal, the command ends as interrupted, exit 130, one line."""
+    r, _ = _run_script(_AFTER_SIGINT.format(then=then))
+    assert r.returncode == 130 and r.stderr.strip() == "prog: interrupted (SIGINT); stopped", r.stderr
+
+
+def test_an_interrupt_a_library_swallows_ends_at_the_deadline():
+    """main catches the interrupt and goes on working: the watchdog ends the command ``deadline`` s after the
+    signal, with the one line and 128 + signal (before: it ran on)."""
+    script = (
+        "import os, signal, time\n"
+        "from verl_ext.interrupt import run_main\n"
+        "def main():\n"
+        "    try:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        signal.pause()\n"
+        "    except KeyboardInterrupt:\n"
+        "        time.sleep(120)\n"
+        "run_main('prog', main, deadline=2.0)\n"
+    )
+    r, seconds = _run_script(script)
+    assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
+    assert 2.0 <= seconds < 20, seconds
+
+
+def test_an_error_after_the_signal_passes_hydra_as_the_interrupt(tmp_path):
+    """main_gdro's run under Hydra's job runner: an error the signal caused (a Ray actor stopped under it)
+    leaves through errors_as_interrupt as the interrupt, so Hydra prints no failed job (before: Hydra's
+    'Error executing job' and its traceback, exit 1)."""
+    script = (
+        "import os, signal, sys\n"
+        "import hydra\n"
+        "from verl_ext.interrupt import errors_as_interrupt, run_main\n"
+        "@hydra.main(config_path=None, config_name=None, version_base=None)\n"
+        "def job(config):\n"
+        "    with errors_as_interrupt():\n"
+        "        try:\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "            signal.pause()\n"
+        "        except KeyboardInterrupt:\n"
+        "            raise RuntimeError('the actor died') from None\n"
+        "sys.argv = [sys.argv[0], 'hydra.run.dir=.', 'hydra.output_subdir=null']\n"
+        "run_main('prog', job)\n"
+    )
+    r, _ = _run_script(script, cwd=tmp_path)  # Hydra's job log goes to the working folder
+    assert r.returncode == 130 and r.stderr.strip() == "prog: interrupted (SIGINT); stopped", r.stderr
+
+
 def test_clean_up_after_children_stopped_runs_at_a_signal_unless_taken_back():
     """main_gdro removes its run's /dev/shm segments through after_children_stopped: interrupted_exit calls
     the registered clean-up once the children are stopped (before the one line), and a clean-up taken back
