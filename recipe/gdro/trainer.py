@@ -312,6 +312,7 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_fetches = 0
         self._gdro_pending: dict[str, float] = {}  # this step's schedule-side metrics
         self._gdro_step_metrics: dict[str, float] = {}  # this step's metrics (for the JSONL line)
+        self._gdro_row_multiplier: dict[str, float] = {}  # this step's batch key -> advantage multiplier
         self._gdro_time = 0.0
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
         self._verl_file_log_kept = b""  # verl's file-log lines up to the resume step (_restore_verl_file_log)
@@ -588,6 +589,8 @@ class GDROTrainerSync(PPOTrainerSync):
                 "GDRO: verl's _compute_advantage did not call compute_advantage_for_multi_trajectories, so the "
                 "response lengths gdro.rollout.budget=tokens needs were not read (an unsupported verl version)"
             )
+        row_multiplier = result.get("row_multiplier", np.ones(len(plan.keys)))
+        self._gdro_row_multiplier = dict(zip(plan.keys, row_multiplier.tolist(), strict=True))
         if "multipliers" not in result:
             start = time.perf_counter()
             result["multipliers"] = self._gdro_observe(plan, None, result.get("lengths"))
@@ -649,6 +652,7 @@ class GDROTrainerSync(PPOTrainerSync):
             result["multipliers"] = observed
         # A new tensor (not in place): verl's ``returns`` is the same tensor and stays GRPO's.
         data.batch["advantages"] = adv * torch.from_numpy(row_mult).to(adv.dtype).unsqueeze(-1)
+        result["row_multiplier"] = row_mult
         result["adjusted"] = True
         self._gdro_time += time.perf_counter() - start
 
@@ -712,6 +716,18 @@ class GDROTrainerSync(PPOTrainerSync):
         self._gdro_time = 0.0
         self._gdro_step_metrics = step_metrics
         metrics.update({k: v for k, v in step_metrics.items() if math.isfinite(v)})
+
+    def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
+        """verl's rollout dump (``trainer.rollout_data_dir``) gains ``gdro_multiplier``: the factor GDRO applied
+        to each response's GRPO advantage this step (Prompt-GDRO's weight, 0 for a singleton group; paper,
+        Eq. 6). verl names each line by its batch key (``uid``); a validation dump (other keys) is left as is."""
+        keys = reward_extra_infos_dict.get("uid") if reward_extra_infos_dict else None
+        if keys and self._gdro_row_multiplier and all(k in self._gdro_row_multiplier for k in keys):
+            reward_extra_infos_dict = {
+                **reward_extra_infos_dict,
+                "gdro_multiplier": [float(self._gdro_row_multiplier[k]) for k in keys],
+            }
+        super()._dump_generations(inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path)
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         """No public verl hook receives the step's metrics (``on_step_end`` runs before they are computed)."""

@@ -8,7 +8,9 @@ its own launch, in tests/gdro/test_weight_sync.py).
 Checked from what the runs write (gdro_metrics.jsonl and verl's own metrics through its file logger):
 * realised rows equal scheduled rows every step, and Rollout-GDRO's counts differ across prompts;
 * Prompt-GDRO's multipliers other than 1 reach verl's loss: verl's logged advantages (the ones its
-  actor update reads from TransferQueue) exceed the most GRPO's own advantages can reach, (n - 1) / sqrt(n);
+  actor update reads from TransferQueue) exceed the most GRPO's own advantages can reach, (n - 1) / sqrt(n),
+  and their largest and smallest values are those of GRPO's advantages of the same batch (verl's rollout
+  dump) times the multipliers the recipe applied;
 * vLLM's and FSDP's token probabilities agree after each sync (verl's rollout-vs-actor metrics);
 * the gdro_state and the model resume exactly from a checkpoint;
 * SIGTERM ends the resumed run in seconds and keeps its checkpoint.
@@ -62,7 +64,9 @@ def runs(tmp_path_factory):
     )
     results = {"seconds": {}}
     shm_before = shm_segments()
-    r, seconds = launch("joint_gdro", base / "out", *common)
+    # verl's rollout dump: each response's score and batch key, and the multiplier GDRO applied (trainer.py)
+    results["rollouts"] = base / "rollouts"
+    r, seconds = launch("joint_gdro", base / "out", *common, f"trainer.rollout_data_dir={results['rollouts']}")
     assert r.returncode == 0, f"tiny_joint_gdro.sh failed ({seconds:.0f} s): {r.stderr[-3000:]}"
     results["joint_gdro"] = base / "out" / "p" / "joint_gdro"
     results["seconds"]["joint_gdro"] = seconds
@@ -148,6 +152,35 @@ def test_prompt_gdro_multipliers_reach_verls_loss(runs):
         > grpo_bound(int(rows[s]["gdro/recipe/scheduled_n_max"])) + 1e-3
     ]
     assert beyond, "no step's advantages in verl went past GRPO's bound: the multipliers did not reach the loss"
+
+
+def test_verls_advantages_are_grpos_times_the_multipliers_of_the_same_batch(runs):
+    """Each step's batch as verl dumped it (trainer.rollout_data_dir: every response's score and batch key,
+    and the multiplier the recipe applied to its advantage): GRPO's advantages, from verl's own function over
+    those scores and groups, times those multipliers, have the largest and smallest value of the advantages
+    verl logged from the tensor its actor update read (critic/advantages/max and min), on every step."""
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from recipe.gdro.trainer import split_trajectory_key
+
+    steps = verl_steps(runs["joint_gdro"] / "verl_metrics.jsonl")
+    scaled = 0
+    for step, m in sorted(steps.items()):
+        lines = read_jsonl(runs["rollouts"] / f"{step}.jsonl")
+        assert len(lines) == 16 * 4, step
+        groups = np.array([split_trajectory_key(line["uid"])[0] for line in lines], dtype=object)
+        scores = torch.tensor([[float(line["score"])] for line in lines])
+        grpo, _ = compute_grpo_outcome_advantage(
+            token_level_rewards=scores, response_mask=torch.ones_like(scores), index=groups
+        )
+        multiplier = torch.tensor([line["gdro_multiplier"] for line in lines], dtype=grpo.dtype)
+        expected = grpo[:, 0] * multiplier
+        assert abs(float(expected.max()) - m["critic/advantages/max"]) < 1e-4, (step, float(expected.max()), m)
+        assert abs(float(expected.min()) - m["critic/advantages/min"]) < 1e-4, (step, float(expected.min()), m)
+        scaled += int(bool((multiplier - 1).abs().max() > 1e-3))
+    assert scaled >= 2, "the multipliers were 1 on every step but one: GDRO did not act"
 
 
 def test_vllm_and_fsdp_log_probs_agree_after_each_sync(runs):
