@@ -169,8 +169,14 @@ def after_children_stopped(fn: Callable[[], object]) -> Callable[[], None]:
 
 
 def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stopped") -> NoReturn:
-    """Stop the children, print one line, exit ``128 + signum`` (module docstring). Called from the main
-    thread and the watchdog at once, the second caller waits for the first's exit."""
+    """Stop the children, print one line, exit ``128 + signum`` (module docstring)."""
+    end_process(f"{prog}: interrupted ({signal.Signals(signum).name}); {detail}", 128 + signum)
+
+
+def end_process(line: str, code: int) -> NoReturn:
+    """Stop the children, run the clean-ups of :func:`after_children_stopped`, print ``line`` to stderr and
+    exit with ``code``, from any thread (a watchdog's too). Called from two threads at once, the second
+    caller waits for the first's exit."""
     _EXITING.acquire()
     if threading.current_thread() is threading.main_thread():  # signal.signal works there alone
         _ignore_signals()
@@ -185,10 +191,10 @@ def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stop
     except (OSError, ValueError):
         pass
     try:
-        print(f"{prog}: interrupted ({signal.Signals(signum).name}); {detail}", file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-    os._exit(128 + signum)
+    os._exit(code)
 
 
 def run_main(

@@ -41,6 +41,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no trac
 
     install("gdro")
 
+import os
 import sys
 import threading
 from typing import Optional, Sequence
@@ -69,7 +70,7 @@ from recipe.gdro.startup.cli import (
 from recipe.gdro.startup.plan import format_plan, print_dry_run
 from recipe.gdro.startup.shm import ShmLeftovers
 from verl_ext import GDROConfigError, PromptIdError
-from verl_ext.interrupt import after_children_stopped, errors_as_interrupt, received, reinstall
+from verl_ext.interrupt import after_children_stopped, end_process, errors_as_interrupt, received, reinstall
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -186,10 +187,12 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     from recipe.gdro.task_runner import GDROTaskRunnerActor
     from recipe.gdro.trainer import WeightSyncTimeout
 
-    task_runner = _AfterRayInit(GDROTaskRunnerActor)
+    task_runner = _AfterRayInit(GDROTaskRunnerActor, config)
     try:
         run_ppo(config, task_runner_class=task_runner)
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
+        if not task_runner.watch.claim():  # the watch is ending the run over a lost node: its line is the one
+            threading.Event().wait()
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
         lost = _lost_nodes(e, task_runner.nodes_at_start)
@@ -201,7 +204,57 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
             raise
         print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=stderr, flush=True)
         return 1
+    finally:
+        if not task_runner.watch.claim():
+            threading.Event().wait()
     return 0
+
+
+LOST_NODE_GRACE_S = 10.0  # once Ray marks a node of the run dead, the run's own error path has this long
+
+
+class _LostNodeWatch:
+    """Ends the run when a node it started on dies and the run does not end by itself.
+
+    A lost node usually reaches the driver as an actor error (reported by :func:`_run_on_ray`), but a step
+    can wait on it much longer: a TransferQueue storage unit on the dead node makes every put retry until its
+    send/recv timeout, sample after sample (measured: > 180 s with a 20 s timeout). A thread asks Ray's GCS
+    every ``poll`` s; once it lists a node of ``nodes`` dead (Ray's health check takes ~10 s) and the run has
+    not ended ``grace`` s later, it ends the process with the one lost-node line, exit 1, after the clean-up
+    a signal gets (:func:`verl_ext.interrupt.end_process`). Whoever reports first, this thread or the run's
+    error path (:meth:`claim`), is the only one to."""
+
+    def __init__(self, config: DictConfig, nodes: set[str], poll: float = 2.0, grace: float = LOST_NODE_GRACE_S):
+        self._config, self._nodes, self._poll, self._grace = config, nodes, poll, grace
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._fired = False
+        threading.Thread(target=self._run, name="gdro-lost-node-watch", daemon=True).start()
+
+    def claim(self) -> bool:
+        """Stop the watch; False when it already took over the ending of the run."""
+        with self._lock:
+            self._stopped.set()
+            return not self._fired
+
+    def _run(self) -> None:
+        import ray
+
+        while not self._stopped.wait(self._poll):
+            try:
+                lost = [n for n in ray.nodes() if n.get("NodeID") in self._nodes and not n.get("Alive", True)]
+            except Exception:  # noqa: BLE001 - the GCS busy or gone: asked again, the run's own path may end it
+                continue
+            if not lost:
+                continue
+            if self._stopped.wait(self._grace):  # the run ended by itself
+                return
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                self._fired = True
+            detail = f"the run did not stop within {self._grace:.0f} s of Ray marking the node dead"
+            end_process(f"main_gdro: error: {_lost_node_line(self._config, lost, None, detail)}", 1)
 
 
 def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wait: float = 20.0) -> list[dict]:
@@ -240,7 +293,7 @@ def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wa
         return []
 
 
-def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException) -> str:
+def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException | None, detail: str = "") -> str:
     """One line for a run that ended because a node died: which node, the last complete checkpoint, what to do."""
     from recipe.gdro.checkpoints import newest_complete
 
@@ -248,11 +301,41 @@ def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException) 
     root = str(config.trainer.default_local_dir)
     newest = newest_complete(root)
     resume = f"the last complete checkpoint is {newest}" if newest else f"no complete checkpoint in {root}"
-    first = (str(error).strip().splitlines() or [""])[0][:160]
+    if error is not None:
+        detail = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:160]}"
+    done = _last_logged_step(os.path.join(root, OmegaConf.select(config, "gdro.metrics_file", default="") or ""))
+    during = f"step {done + 1}" if done is not None else "the run"
     return (
-        f"lost Ray node{'s' if len(lost) > 1 else ''} {nodes} during the run ({type(error).__name__}: {first}); "
+        f"lost Ray node{'s' if len(lost) > 1 else ''} {nodes} during {during} ({detail}); "
         f"{resume}; bring the node back and relaunch the same command to resume"
     )
+
+
+def _last_logged_step(metrics_path: str) -> int | None:
+    """The last step the run's metrics file (``gdro.metrics_file``, one JSON line a step) holds, or None (no
+    file, none written yet). Only its tail is read."""
+    import json
+
+    try:
+        with open(metrics_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+class _NoWatch:
+    """Before the task runner starts (or without Ray's node list) nothing is watched."""
+
+    @staticmethod
+    def claim() -> bool:
+        return True
 
 
 class _AfterRayInit:
@@ -263,11 +346,14 @@ class _AfterRayInit:
       (``sys.exit`` raised inside ``ray.get``: a C++ abort, exit 134 and a crash dump, with Ray's processes
       left to die on their own), so SIGTERM ends the run as Ctrl-C does (one line, exit 143);
     * the alive nodes are noted (``nodes_at_start``): a node lost during the run is one of them, not a node
-      of the cluster that died before (a joined cluster keeps listing it dead)."""
+      of the cluster that died before (a joined cluster keeps listing it dead), and :class:`_LostNodeWatch`
+      watches them."""
 
-    def __init__(self, actor_cls):
+    def __init__(self, actor_cls, config: DictConfig):
         self._actor_cls = actor_cls
+        self._config = config
         self.nodes_at_start: set[str] | None = None
+        self.watch = _NoWatch()
 
     def _started(self) -> None:
         reinstall()
@@ -277,6 +363,8 @@ class _AfterRayInit:
             self.nodes_at_start = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         except Exception:  # noqa: BLE001 - without the list a lost node is looked for among every dead node
             self.nodes_at_start = None
+        if self.nodes_at_start and isinstance(self.watch, _NoWatch):
+            self.watch = _LostNodeWatch(self._config, self.nodes_at_start)
 
     def remote(self, *args, **kwargs):
         self._started()

@@ -12,7 +12,7 @@ checkpoint every 2 steps, the same command each time.
    shards and one ``gdro_state.pkl``.
 2. The worker node is removed without grace (its raylet and every worker on it killed) while vLLM generates
    step 3, after the first complete checkpoint: the driver ends in bounded time, non-zero, with one line that
-   names the lost node and the last complete checkpoint; no process of the run is left; the checkpoints are
+   names the lost node, the step in flight and the last complete checkpoint; no process of the run is left; the checkpoints are
    as they were.
 3. The node comes back and the same command resumes from step 2, its controller state restored field by
    field, saves step 4, and the worker node is killed again, during step 5's FSDP update (two ranks, one on
@@ -172,8 +172,9 @@ def assert_lost_node_ended_the_run(killed: dict) -> None:
     # Ray's worker logs reach the driver's stderr late, so the line is looked for, not taken as the last one
     ours = [line for line in killed["stderr"].splitlines() if line.startswith("main_gdro:")]
     assert len(ours) == 1 and ours[0].startswith("main_gdro: error: lost Ray node"), killed["stderr"][-3000:]
-    # the node killed now, not one lost earlier that the cluster still lists dead
+    # the node killed now (not one lost earlier that the cluster still lists dead) and the step in flight
     assert ours[0].startswith(f"main_gdro: error: lost Ray node {killed['node'][:12]} ("), ours[0]
+    assert f") during step {saved + 1} (" in ours[0], ours[0]
     resume_from = re.search(r"the last complete checkpoint is (\S+);", ours[0])
     assert resume_from and resume_from.group(1).endswith(f"/global_step_{saved}"), ours[0]
     assert "Error executing job" not in killed["stderr"]  # no Hydra traceback after it
