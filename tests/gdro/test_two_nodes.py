@@ -12,8 +12,8 @@ checkpoint every 2 steps, the same command each time.
    shards and one ``gdro_state.pkl``.
 2. The worker node is removed without grace (its raylet and every worker on it killed) while vLLM generates
    step 3, after the first complete checkpoint: the driver ends in bounded time, non-zero, with one line that
-   names the lost node, the step in flight and the last complete checkpoint; no process of the run is left; the checkpoints are
-   as they were.
+   names the lost node, the step in flight and the last complete checkpoint; no process of the run is left;
+   the checkpoints are as they were.
 3. The node comes back and the same command resumes from step 2, its controller state restored field by
    field, saves step 4, and the worker node is killed again, during step 5's FSDP update (two ranks, one on
    each node): the same bounded, one-line end, nothing of the run left, the checkpoints as they were.
