@@ -26,8 +26,8 @@ and in every curve point as ``exact`` / ``exact_<skill>``), the learning curve
 (with the step's Σ|A|·tokens) and timings. ``per_prompt`` holds every evaluated prompt's exact
 probability p_i with its id and skill (``recipe.gdro.results.outcomes``: any pass@k is recomputed from
 it): the validation split at every evaluation, the held-out test split (``num_test`` prompts,
-disjoint from validation and training, checked) before and after training. The CLI prints them and writes them as JSON with
-``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
+disjoint from validation and training, checked) before and after training. The CLI prints them and
+writes them as JSON with ``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
 """
 
 from __future__ import annotations

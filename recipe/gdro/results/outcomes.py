@@ -182,6 +182,17 @@ class Endpoint:
         if self.min_base is not None and not self.worst_skill:
             raise ValueError(f"endpoint {self.name!r}: min_base applies to worst_skill only")
 
+    def describe(self) -> str:
+        """E.g. ``pass@8 on test, prompts with base p < 0.05``."""
+        text = f"pass@{self.k} on {self.split}"
+        if self.tail is not None:
+            text += f", {self.tail.describe()}"
+        if self.worst_skill:
+            text += ", worst skill" + (
+                f" of base pass@{self.k} >= {self.min_base:g}" if self.min_base is not None else ""
+            )
+        return text
+
     @classmethod
     def from_dict(cls, name: str, spec: Mapping[str, Any]) -> Endpoint:
         spec = dict(spec)
