@@ -155,6 +155,9 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
     for m in data["primary"].get("metrics", []) + data["confirm"].get("metrics", []):
         if m not in METRICS and m not in endpoints:
             _fail(path, "metrics", f"{m!r}: use one of {', '.join([*METRICS, *endpoints])}")
+    criterion = data["explore"].get("criterion", "final_exact")
+    if criterion not in METRICS and criterion not in endpoints:
+        _fail(path, "explore.criterion", f"{criterion!r}: use one of {', '.join([*METRICS, *endpoints])}")
     mdes = data["primary"].get("power", {}).get("mde")
     if mdes is not None and (not isinstance(mdes, dict) or set(mdes) != set(data["primary"].get("metrics", []))):
         _fail(path, "primary.power.mde", "a target minimum detectable effect for each of primary.metrics")

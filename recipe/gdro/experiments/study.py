@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from recipe.gdro.experiments.protocol import TINY_LM_PROTOCOL, Ledger, Protocol, ProtocolError, load_protocol
-from recipe.gdro.results.outcomes import Endpoint, endpoint_value
+from recipe.gdro.results.outcomes import Endpoint, check_disjoint, endpoint_value
 from recipe.gdro.results.runner import MissingRuns, choose_lr, code_state, run_all
 from recipe.gdro.results.stats import (
     BudgetMismatch,
@@ -67,10 +67,9 @@ from recipe.gdro.results.stats import (
     canonical_json,
     censored_budgets,
     check_equal_budgets,
-    holm,
     minimum_detectable_effect,
     paired_ci,
-    paired_t_pvalue,
+    paired_family,
     plan_for_mdes,
     plan_seeds,
 )
@@ -286,6 +285,12 @@ class RunStore:
                     f"{path}: summary field {bad[0]!r} is {bad[1]}, not a finite number: the run's result is "
                     "unusable; remove the file and run its stage again"
                 )
+            per = summary.get("per_prompt") or {}
+            if "val" in per and "test" in per:  # the endpoints' split never held a validation prompt
+                try:
+                    check_disjoint({"validation": per["val"]["id"], "test": per["test"]["id"]})
+                except ValueError as e:
+                    raise ProtocolError(f"{path}: {e}") from None
             self.index[config_key(config)] = (path, stored)
         if foreign:
             others = "; ".join(
@@ -504,17 +509,16 @@ def _p(x: float) -> str:
 def family_table(
     diffs: dict[str, list[float]], alpha: float, better: str = "GDRO better"
 ) -> tuple[list[str], dict[str, Any]]:
-    """A Holm family: one row per comparison (mean diff, CI, seeds, p, Holm p, verdict)."""
-    adjusted = holm({k: paired_t_pvalue(v) for k, v in diffs.items()}, alpha=alpha)
+    """A Holm family (results/stats.py paired_family): one row per comparison (mean diff, CI, seeds, p,
+    Holm p, verdict)."""
+    family = paired_family(diffs, alpha=alpha)
     rows = []
-    for name, d in diffs.items():
-        mean, lo, hi, n = paired_ci(d, [0.0] * len(d))
-        h = adjusted[name]
-        verdict = (better if mean > 0 else "GRPO better") if h.rejected else "not resolved"
-        ci = f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else "n/a"
-        rows.append([name, _fmt(mean), ci, str(n), _p(h.p), _p(h.p_adjusted), verdict])
+    for name, r in family.items():
+        verdict = (better if r.mean > 0 else "GRPO better") if r.rejected else "not resolved"
+        ci = f"[{r.lo:+.4f}, {r.hi:+.4f}]" if math.isfinite(r.lo) else "n/a"
+        rows.append([name, _fmt(r.mean), ci, str(r.n), _p(r.p), _p(r.p_holm), verdict])
     head = ["comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict"]
-    return markdown_table(head, rows), adjusted
+    return markdown_table(head, rows), family
 
 
 PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
@@ -772,13 +776,27 @@ def _explore_runs(study: Study, tuned: dict[str, float]):
     return seeds, ref_runs, arm_runs
 
 
-def explore_gains(ref_runs, arm_runs) -> dict[str, list[float]]:
-    return {a: [r[s]["final_exact"] - ref_runs[s]["final_exact"] for s in ref_runs] for a, r in arm_runs.items()}
+def explore_gains(study: Study, ref_runs, arm_runs) -> dict[str, list[float]]:
+    """Each arm's per-seed gain over the reference on ``explore.criterion`` (default ``final_exact``;
+    a declared endpoint may be named): what the confirmation rule ranks arms by."""
+    name = study.p.explore.get("criterion", "final_exact")
+    th, ep = study.p.solvable, study.p.endpoints
+
+    def value(run):
+        return metric(run, name, th, ep)
+
+    return {a: [value(r[s]) - value(ref_runs[s]) for s in ref_runs] for a, r in arm_runs.items()}
+
+
+def endpoint_cells(study: Study, runs: list[dict[str, Any]]) -> list[str]:
+    """Each declared endpoint's mean over ``runs`` (none for a protocol without endpoints)."""
+    th, ep = study.p.solvable, study.p.endpoints
+    return [f"{np.mean([metric(r, n, th, ep) for r in runs]):.4f}" for n in ep]
 
 
 def explore(study: Study, tuned: dict[str, float]) -> str:
     seeds, ref_runs, arm_runs = _explore_runs(study, tuned)
-    gains = explore_gains(ref_runs, arm_runs)
+    gains = explore_gains(study, ref_runs, arm_runs)
     th = study.p.solvable
     rows = []
     ref_tokens = np.mean([r["tokens"] for r in ref_runs.values()])
@@ -797,11 +815,15 @@ def explore(study: Study, tuned: dict[str, float]) -> str:
                 f"{np.mean([r['final_sampled'] for r in rs]):.3f}",
                 f"{np.mean([r['tokens'] for r in rs]) / ref_tokens:.3f}",
                 f"{np.mean([r['all_unseen_steps'] / max(1, r['steps_trained']) for r in rs]):.2f}",
+                *endpoint_cells(study, rs),
+                *([f"{np.mean([r['weighted_adv_token_mass'] for r in rs]):,.0f}"] if study.p.endpoints else []),
             ]
         )
+    criterion = study.p.explore.get("criterion", "final_exact")
     head = [
-        "arm (exploratory)", "lr", "final exact", "vs GRPO", "95% CI", "worst-skill exact", "final sampled",
-        "tokens / GRPO's", "all-unseen steps",
+        "arm (exploratory)", "lr", "final exact", "vs GRPO" + ("" if criterion == "final_exact" else f" ({criterion})"),
+        "95% CI", "worst-skill exact", "final sampled", "tokens / GRPO's", "all-unseen steps", *study.p.endpoints,
+        *(["weighted-advantage token mass"] if study.p.endpoints else []),
     ]  # fmt: skip
     return "\n".join(
         [
@@ -826,7 +848,7 @@ def chosen_arm(study: Study, gains: dict[str, list[float]]) -> str | None:
 
 def confirm(study: Study, tuned: dict[str, float]) -> str:
     _, ref_runs, arm_runs = _explore_runs(study, tuned)
-    gains = explore_gains(ref_runs, arm_runs)
+    gains = explore_gains(study, ref_runs, arm_runs)
     name = chosen_arm(study, gains)
     if name is None:
         best = max(gains, key=lambda n: float(np.mean(gains[n]))) if gains else "none"
@@ -878,11 +900,12 @@ def long_regimes(study: Study, tuned: dict[str, float]) -> str:
                 [by[m][s]["final_exact"] for s in seeds], [by[methods[0]][s]["final_exact"] for s in seeds]
             )
             ci = "–" if m == methods[0] else f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
-            rows.append([f"{m} (lr {tuned[m]:g})", f"{np.mean([by[m][s]['final_exact'] for s in seeds]):.4f}", ci])
+            final = f"{np.mean([by[m][s]['final_exact'] for s in seeds]):.4f}"
+            rows.append([f"{m} (lr {tuned[m]:g})", final, ci, *endpoint_cells(study, list(by[m].values()))])
         lines += [
             f"{regime} ({', '.join(f'{k}={v}' for k, v in shape.items())}), seeds {seeds}:",
             "",
-            *markdown_table(["method", "final exact", "vs GRPO (95% CI)"], rows),
+            *markdown_table(["method", "final exact", "vs GRPO (95% CI)", *study.p.endpoints], rows),
             "",
             baseline_line(study, list(by[methods[0]].values())),
             "",

@@ -35,7 +35,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -55,7 +55,7 @@ class HolmResult:
     rejected: bool
 
 
-def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmResult]:
+def holm(pvalues: Mapping[Hashable, float], alpha: float = 0.05) -> dict[Hashable, HolmResult]:
     """Holm's step-down correction of a family of p-values (module docstring).
 
     A NaN p-value (a comparison that could not be tested, e.g. one seed) counts in the family size
@@ -72,7 +72,7 @@ def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmRes
         raise ValueError(f"p-value of {bad!r} is {pvalues[bad]}: must be in [0, 1]")
     finite = ~np.isnan(p)
     order = sorted((i for i in range(m) if finite[i]), key=lambda i: p[i])
-    out: dict[str, HolmResult] = {n: HolmResult(float("nan"), float("nan"), False) for n in names}
+    out: dict[Hashable, HolmResult] = {n: HolmResult(float("nan"), float("nan"), False) for n in names}
     running_max = 0.0
     still_rejecting = True
     for rank, i in enumerate(order):  # rank 0 is the smallest p
@@ -80,6 +80,36 @@ def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmRes
         still_rejecting = still_rejecting and p[i] <= alpha / (m - rank)
         out[names[i]] = HolmResult(float(p[i]), float(running_max), bool(still_rejecting))
     return out
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    """One comparison of a Holm family: the mean per-seed difference, its t interval, the seeds, the
+    paired t p-value, its Holm adjustment and whether Holm rejects it."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    p: float
+    p_holm: float
+    rejected: bool
+
+
+def paired_family(
+    differences: Mapping[Hashable, Sequence[float]], alpha: float = 0.05, confidence: float = 0.95
+) -> dict[Hashable, FamilyRow]:
+    """A declared family of paired comparisons under one Holm correction: every key (e.g. a
+    ``(method, endpoint)`` pair: Holm over methods x endpoints) gets :func:`paired_ci` and
+    :func:`paired_t_pvalue` of its per-seed differences (method minus reference), and :func:`holm`
+    runs over all of them together."""
+    adjusted = holm({k: paired_t_pvalue(d) for k, d in differences.items()}, alpha=alpha)
+    rows = {}
+    for key, d in differences.items():
+        mean, lo, hi, n = paired_ci(d, [0.0] * len(d), confidence)
+        h = adjusted[key]
+        rows[key] = FamilyRow(mean, lo, hi, n, h.p, h.p_adjusted, h.rejected)
+    return rows
 
 
 def paired_t_pvalue(differences: Sequence[float]) -> float:

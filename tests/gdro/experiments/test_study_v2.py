@@ -41,7 +41,7 @@ def _protocol(tmp_path: Path, **changes) -> Path:
             "power": {"mde": {e: 0.5 for e in ENDPOINTS}, "min_tuning_seeds": 2},
             "seed_pool": [0, 1],
         },
-        "explore": {"seeds": [200], "arms": []},
+        "explore": {"seeds": [200], "criterion": "tail pass@8", "arms": [{"name": "rgdro", "method": "rollout_gdro"}]},
         "confirm": {"seeds": [300], "metrics": ["pass@8"]},
         "long": {"seeds": [400], "methods": ["grpo"], "regimes": {}},
     }
@@ -55,7 +55,10 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     proto, res = _protocol(tmp_path), tmp_path / "res"
     args = ["--protocol", str(proto), "--results", str(res), "--jobs", "1"]
     assert study.main(["primary", *args]) == 0
+    assert study.main(["explore", *args]) == 0
     report = (res / "REPORT.md").read_text()
+    # the exploratory table ranks arms by the declared criterion and shows every endpoint
+    assert "| vs GRPO (tail pass@8) |" in report and "| pass@1 | pass@8 | tail pass@8 | worst skill |" in report
     files = sorted((res / "runs").glob("primary-*.json"))
     assert len(files) == 4  # two methods x two seeds (the capped plan)
     stored = json.loads(files[0].read_text())
@@ -90,7 +93,15 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     assert study.main(["report", *args[:4]]) == 0
     out = capsys.readouterr().out
     assert f"uncommitted changes to the run code (1): {files[0].name}." in out
-    assert "commit cccccccccccc (8 runs), commit dddddddddddd (1 run)" in out
+    assert "commit cccccccccccc (10 runs), commit dddddddddddd (1 run)" in out
+    # a run file whose test split holds a validation prompt is refused, naming the file and the prompt
+    bad = json.loads(files[1].read_text())
+    leaked = bad["summary"]["per_prompt"]["val"]["id"][3]
+    bad["summary"]["per_prompt"]["test"]["id"][0] = leaked
+    files[1].write_text(study.run_file_text(bad))
+    assert study.main(["report", *args[:4]]) == 2
+    err = capsys.readouterr().err
+    assert files[1].name in err and f"prompt {leaked!r} is in both the validation and the test split" in err
 
 
 def test_the_run_key_holds_the_resolved_method_config_and_the_code(tmp_path):
@@ -175,6 +186,22 @@ def test_the_test_split_is_disjoint_from_validation_and_named_when_not():
         check_disjoint({"validation": ["1+1=", "12+34="], "test": ["12+34="]})
     with pytest.raises(Exception, match="mul1x2: 30 distinct test problems"):
         arith.build_test_split(600, 0, 1000)
+
+
+def test_holm_runs_over_methods_x_endpoints():
+    from scipy import stats
+
+    from recipe.gdro.results.stats import paired_family
+
+    rng = np.random.default_rng(1)
+    diffs = {(m, e): list(rng.normal(mu, 0.01, 6)) for m, mu in (("a", 0.02), ("b", 0.0)) for e in ("pass@1", "pass@8")}
+    family = paired_family(diffs, alpha=0.05)
+    p = {k: stats.ttest_1samp(v, 0.0).pvalue for k, v in diffs.items()}
+    order = sorted(p, key=p.get)  # Holm by hand: m = 4 = 2 methods x 2 endpoints
+    expected = np.maximum.accumulate([min(1.0, (4 - i) * p[k]) for i, k in enumerate(order)])
+    for k, want in zip(order, expected, strict=True):
+        assert family[k].p == pytest.approx(p[k]) and family[k].p_holm == pytest.approx(want)
+    assert family[("a", "pass@1")].rejected and not family[("b", "pass@8")].rejected
 
 
 def test_power_plan_on_the_upper_confidence_bound_of_the_sd():
