@@ -117,10 +117,10 @@ def run_config(
     code: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The full, JSON-able configuration of one run (its key in the run store): the DirectConfig, the
-    method's fully resolved ``gdro`` section (``method_config``: editing a method's YAML changes the
-    key) and ``code`` (:func:`recipe.gdro.results.runner.code_state` of :data:`RUN_CODE`; None asks
-    for a run made by any code, as a report does). Runs of :data:`PRE_PROVENANCE` protocols have
-    neither."""
+    method's fully resolved ``gdro`` section (``method_config``: verl_ext's GDROConfig with every field,
+    from the method's YAML, the overrides and the defaults; editing a method's YAML changes the key)
+    and ``code`` (:func:`recipe.gdro.results.runner.code_state` of :data:`RUN_CODE`; None asks for a
+    run made by any code, as a report does). Runs of :data:`PRE_PROVENANCE` protocols have neither."""
     from recipe.gdro.experiments.direct import DirectConfig, method_gdro
 
     direct = asdict(
@@ -143,7 +143,10 @@ def run_config(
                 raise ValueError(f"{name}={direct[name]}: protocol {PRE_PROVENANCE[protocol.hash]} predates it")
             del direct[name]
         return config
-    config["method_config"] = method_gdro(method, direct["n"], direct["gdro"])
+    from verl_ext.config import gdro_config_from_dict
+
+    # every field of the controller's config, defaults included: what the run's GDROController reads
+    config["method_config"] = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
     config["code"] = code
     return config
 
