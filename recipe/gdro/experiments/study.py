@@ -45,6 +45,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no trac
     install("study")
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -560,9 +561,20 @@ def _tuned_runs(study: Study, tuned: dict[str, float]) -> dict[tuple[str, int], 
     return {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("tune", jobs), strict=True)}
 
 
-def family_diffs(study: Study, runs: dict[tuple[str, int], dict[str, Any]], seeds) -> dict[str, list[float]]:
-    """The primary family's per-seed paired differences (method minus reference), one list per comparison."""
-    pr, th, ep = study.p.primary, study.p.solvable, study.p.endpoints
+def endpoints_on(study: Study, split: str | None) -> dict[str, Endpoint]:
+    """The declared endpoints, read on ``split`` (None: as declared). The test split serves only the
+    primary and confirmation comparisons; the power plan, the exploratory arms and the regimes read
+    the same endpoints on the validation prompts."""
+    ep = study.p.endpoints
+    return ep if split is None else {n: dataclasses.replace(e, split=split) for n, e in ep.items()}
+
+
+def family_diffs(
+    study: Study, runs: dict[tuple[str, int], dict[str, Any]], seeds, split: str | None = None
+) -> dict[str, list[float]]:
+    """The primary family's per-seed paired differences (method minus reference), one list per
+    comparison (endpoints on ``split``, :func:`endpoints_on`)."""
+    pr, th, ep = study.p.primary, study.p.solvable, endpoints_on(study, split)
     return {
         f"{m} {name}": [
             metric(runs[(m, s)], name, th, ep) - metric(runs[(pr["reference"], s)], name, th, ep) for s in seeds
@@ -588,7 +600,7 @@ def endpoint_plan(study: Study, tuned: dict[str, float]):
     rule = PowerRule(**{"alpha": float(pr.get("alpha", PowerRule.alpha)), **power})
     rule = PowerRule(**{**rule.__dict__, "max_seeds": min(rule.max_seeds, len(pr["seed_pool"]))})
     seeds = study.p.tuning["seeds"]
-    diffs = family_diffs(study, _tuned_runs(study, tuned), seeds)
+    diffs = family_diffs(study, _tuned_runs(study, tuned), seeds, split="val")  # the test split is not read
     by_endpoint = {e: [diffs[f"{m} {e}"] for m in pr["methods"]] for e in pr["metrics"]}
     try:
         return plan_for_mdes(by_endpoint, {e: float(v) for e, v in mdes.items()}, len(pr["methods"]), rule)
@@ -601,7 +613,8 @@ def _endpoint_plan_text(plan) -> str:
     lines = [
         f"Power (declared before the primary run, from the tuning seeds): {plan.n_seeds} evaluation seeds; Holm over "
         f"{plan.family_size} comparisons (methods x endpoints) at alpha {r.alpha:g}, {100 * r.target_power:.0f}% "
-        f"power, each endpoint's per-seed SD at the upper {100 * r.sd_confidence:.0f}% confidence bound:",
+        f"power, each endpoint's per-seed SD (tuning seeds, validation prompts) at the upper "
+        f"{100 * r.sd_confidence:.0f}% confidence bound:",
         "",
     ]
     rows = [
@@ -783,7 +796,7 @@ def explore_gains(study: Study, ref_runs, arm_runs) -> dict[str, list[float]]:
     """Each arm's per-seed gain over the reference on ``explore.criterion`` (default ``final_exact``;
     a declared endpoint may be named): what the confirmation rule ranks arms by."""
     name = study.p.explore.get("criterion", "final_exact")
-    th, ep = study.p.solvable, study.p.endpoints
+    th, ep = study.p.solvable, endpoints_on(study, "val")
 
     def value(run):
         return metric(run, name, th, ep)
@@ -792,8 +805,9 @@ def explore_gains(study: Study, ref_runs, arm_runs) -> dict[str, list[float]]:
 
 
 def endpoint_cells(study: Study, runs: list[dict[str, Any]]) -> list[str]:
-    """Each declared endpoint's mean over ``runs`` (none for a protocol without endpoints)."""
-    th, ep = study.p.solvable, study.p.endpoints
+    """Each declared endpoint's mean over ``runs``, on the validation prompts (none for a protocol
+    without endpoints)."""
+    th, ep = study.p.solvable, endpoints_on(study, "val")
     return [f"{np.mean([metric(r, n, th, ep) for r in runs]):.4f}" for n in ep]
 
 
@@ -823,9 +837,11 @@ def explore(study: Study, tuned: dict[str, float]) -> str:
             ]
         )
     criterion = study.p.explore.get("criterion", "final_exact")
+    versus = "vs GRPO" + ("" if criterion == "final_exact" else f" ({criterion}, val)")
     head = [
-        "arm (exploratory)", "lr", "final exact", "vs GRPO" + ("" if criterion == "final_exact" else f" ({criterion})"),
-        "95% CI", "worst-skill exact", "final sampled", "tokens / GRPO's", "all-unseen steps", *study.p.endpoints,
+        "arm (exploratory)", "lr", "final exact", versus,
+        "95% CI", "worst-skill exact", "final sampled", "tokens / GRPO's", "all-unseen steps",
+        *(f"{n} (val)" for n in study.p.endpoints),
         *(["weighted-advantage token mass"] if study.p.endpoints else []),
     ]  # fmt: skip
     return "\n".join(
@@ -908,7 +924,9 @@ def long_regimes(study: Study, tuned: dict[str, float]) -> str:
         lines += [
             f"{regime} ({', '.join(f'{k}={v}' for k, v in shape.items())}), seeds {seeds}:",
             "",
-            *markdown_table(["method", "final exact", "vs GRPO (95% CI)", *study.p.endpoints], rows),
+            *markdown_table(
+                ["method", "final exact", "vs GRPO (95% CI)", *(f"{n} (val)" for n in study.p.endpoints)], rows
+            ),
             "",
             baseline_line(study, list(by[methods[0]].values())),
             "",
