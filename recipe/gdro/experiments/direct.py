@@ -47,6 +47,7 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
+from data_prep.common import DataPrepError
 from recipe.gdro.config.registry import method_config, method_names, parse_overrides
 from recipe.gdro.results.outcomes import add_evaluation, check_disjoint, per_prompt_record
 from recipe.gdro.tinylm import exact, policy, tasks
@@ -109,6 +110,12 @@ def warm_steps(config: DirectConfig) -> int:
     return spent // per_step
 
 
+def held_out_split(num_test: int, data_seed: int, num_val: int) -> list[dict]:
+    """The held-out test rows (``data_prep.arith.build_test_split``; none for ``num_test`` 0).
+    DataPrepError naming the skill when the validation side cannot hold them beside validation."""
+    return arith.build_test_split(num_test, data_seed, num_val) if num_test else []
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> CUDA when available, else CPU; anything else is passed to ``torch.device``."""
     if name == "auto":
@@ -146,7 +153,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         else arith.build_split(config.num_train, config.data_seed, val=False)
     )
     val = arith.build_split(config.num_val, config.data_seed, val=True)
-    test = arith.build_test_split(config.num_test, config.data_seed, config.num_val) if config.num_test else []
+    test = held_out_split(config.num_test, config.data_seed, config.num_val)
     splits = {"validation": val, "test": test, "training": train}
     check_disjoint({name: [r["prompt"][-1]["content"] for r in rows] for name, rows in splits.items() if rows})
     # Each evaluated prompt's exact probability at each evaluation (recipe.gdro.results.outcomes):
@@ -343,6 +350,7 @@ _HELP = {
     "device": "cpu, cuda[:N] or auto (CUDA when present)",
     "temperature": "rollouts, loss and validation",
     "warm_start": "binner warm start: k samples per training prompt before step 1, counted in the budget",
+    "num_test": "held-out test prompts (disjoint from validation), scored exactly before and after (0: none)",
 }
 
 
@@ -375,6 +383,14 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if args.num_test < 0:
+        print(f"error: --num_test must be >= 0, got {args.num_test}", file=sys.stderr)
+        return 2
+    try:
+        held_out_split(args.num_test, args.data_seed, args.num_val)
+    except DataPrepError as e:
+        print(f"error: --num_test: {e}", file=sys.stderr)
+        return 2
     if not args.temperature > 0:
         print(f"error: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
         return 2

@@ -363,6 +363,14 @@ class Study:
         # the run code's provenance when runs may be made; a report (jobs 0) reads runs of any code
         self.legacy = protocol.hash in PRE_PROVENANCE
         self.code = None if jobs == 0 or self.legacy else code_state(REPO, RUN_CODE)
+        if jobs:  # a test split the data cannot hold is refused before any run, not in every worker
+            from recipe.gdro.experiments.direct import DataPrepError, DirectConfig, held_out_split
+
+            shape = DirectConfig(**protocol.shape)
+            try:
+                held_out_split(shape.num_test, shape.data_seed, shape.num_val)
+            except DataPrepError as e:
+                raise ProtocolError(f"{protocol.path}: shape.num_test: {e}") from None
         if self.code is not None and not self.code["clean"]:
             log(
                 "note: the run code has uncommitted changes: runs made now say so in their files, and report names them"

@@ -194,6 +194,14 @@ def test_the_test_split_is_disjoint_from_validation_and_named_when_not():
         arith.build_test_split(600, 0, 1000)
 
 
+def test_a_test_split_the_data_cannot_hold_is_refused_before_any_run(tmp_path, capsys):
+    shape = {"steps": 2, "prompts": 4, "n": 2, "num_train": 16, "num_val": 1000, "num_test": 600}
+    proto = _protocol(tmp_path, shape=shape)
+    assert study.main(["tune", "--protocol", str(proto), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "shape.num_test: skill mul1x2: 30 distinct test problems" in err and not (tmp_path / "r" / "runs").exists()
+
+
 def test_holm_runs_over_methods_x_endpoints():
     from scipy import stats
 
