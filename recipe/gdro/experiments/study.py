@@ -755,7 +755,9 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
     alpha = plan.rule.alpha
     table, _ = family_table(family_diffs(study, runs, seeds), alpha)
     names = list(ep)
-    rows = []
+    base = [runs[(pr["reference"], s)] for s in seeds]  # every run's base is the same untrained model
+    base_values = [f"{np.mean([endpoint_value(r, ep[n], 'base') for r in base]):.4f}" for n in names]
+    rows = [["base (no training)", *base_values, "–", "–"]]
     for m in methods:
         rs = [runs[(m, s)] for s in seeds]
         values = [f"{np.mean([metric(r, n, study.p.solvable, ep) for r in rs]):.4f}" for n in names]

@@ -13,7 +13,8 @@ From these alone any endpoint is recomputed, with no rerun:
 * **exact pass@k** (:func:`pass_at_k`): a prompt answered with probability p is solved by at least
   one of k independent samples with probability 1 - (1 - p)^k; over a set of prompts the mean
   (1/N) Σ_i [1 - (1 - p_i)^k]. This is the quantity the unbiased estimator of Chen et al. (2021)
-  estimates from n ≥ k samples; here it is exact, as p_i is.
+  estimates from n ≥ k samples; here it is exact, as p_i is. Its complement 1 - pass@n is the
+  expected share of a prompt set's GRPO groups of n rollouts that all fail (no gradient).
 * **a hard tail** (:class:`Tail`): a set of prompts declared before any run, by the base's p_i
   (``base_below``: the prompts the untrained model solves with probability below a threshold) or by
   skill (``skills``); the endpoint is pass@k over that set.
@@ -202,9 +203,10 @@ class Endpoint:
         return cls(name=name, tail=tail, **spec)
 
 
-def endpoint_value(run: Mapping[str, Any], endpoint: Endpoint) -> float:
-    """The endpoint of one run, from its per-prompt outcomes alone (module docstring)."""
-    final = outcomes(run, endpoint.split, "final")
+def endpoint_value(run: Mapping[str, Any], endpoint: Endpoint, at: str | int = "final") -> float:
+    """The endpoint of one run, from its per-prompt outcomes alone (module docstring), at its final
+    evaluation (or ``at``: ``"base"``, a step); a tail's prompts are always chosen by the base's p_i."""
+    final = outcomes(run, endpoint.split, at)
     base = outcomes(run, endpoint.split, "base")
     if base.ids != final.ids:
         raise ValueError(f"{endpoint.name}: the base and final evaluations list different prompts")

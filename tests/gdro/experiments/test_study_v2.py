@@ -78,6 +78,8 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
         np.mean(1 - (1 - p[skills == "mul1x3"]) ** 8)
     )
     assert "| pass@1 | pass@8 | tail pass@8 | worst skill |" in report  # side by side, per method
+    base_p = np.array(per["test"]["p"][0])
+    assert f"| base (no training) | {np.mean(base_p):.4f} | {np.mean(1 - (1 - base_p) ** 8):.4f} |" in report
     assert all(f"| rollout_gdro {e} |" in report for e in ENDPOINTS)  # Holm's family: methods x endpoints
     assert "SD bound" in report and "Run code: commit" in report
     # report: from the files alone, byte for byte, runs nothing; the test split serves only the primary
