@@ -101,7 +101,7 @@ RUN_CODE = (
 # method config, and leave out the DirectConfig fields added since (at their defaults), so their
 # committed runs keep their keys and their report reproduces.
 PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
-ADDED_SINCE_V1 = {"num_test": 0}
+ADDED_SINCE_V1 = ("num_test",)
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -139,8 +139,9 @@ def run_config(
     direct["model_path"] = portable_path(direct["model_path"])
     config = {"direct": direct, "exact_temperature": protocol.eval_temperature}
     if protocol.hash in PRE_PROVENANCE:
-        for name, default in ADDED_SINCE_V1.items():
-            if direct[name] != default:
+        defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
+        for name in ADDED_SINCE_V1:
+            if direct[name] != defaults[name]:
                 raise ValueError(f"{name}={direct[name]}: protocol {PRE_PROVENANCE[protocol.hash]} predates it")
             del direct[name]
         return config
