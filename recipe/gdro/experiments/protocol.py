@@ -30,6 +30,7 @@ import yaml
 
 from recipe.gdro.config.registry import method_names
 from recipe.gdro.results.outcomes import Endpoint
+from recipe.gdro.results.stats import PowerRule
 from verl_ext.atomic import atomic_replace
 
 PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
@@ -158,9 +159,15 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
     criterion = data["explore"].get("criterion", "final_exact")
     if criterion not in METRICS and criterion not in endpoints:
         _fail(path, "explore.criterion", f"{criterion!r}: use one of {', '.join([*METRICS, *endpoints])}")
-    mdes = data["primary"].get("power", {}).get("mde")
-    if mdes is not None and (not isinstance(mdes, dict) or set(mdes) != set(data["primary"].get("metrics", []))):
-        _fail(path, "primary.power.mde", "a target minimum detectable effect for each of primary.metrics")
+    power = dict(data["primary"].get("power", {}))
+    mdes = power.pop("mde", None)
+    if mdes is not None:
+        if not isinstance(mdes, dict) or set(mdes) != set(data["primary"].get("metrics", [])):
+            _fail(path, "primary.power.mde", "a target minimum detectable effect for each of primary.metrics")
+        try:
+            PowerRule(**power)
+        except TypeError as e:
+            _fail(path, "primary.power", f"{e} (beside mde: the fields of results/stats.py PowerRule)")
     if not data["primary"].get("seed_pool"):
         _fail(path, "primary.seed_pool", "must list the evaluation seeds")
     names = set()

@@ -199,7 +199,7 @@ class Endpoint:
         spec = dict(spec)
         tail = spec.pop("tail", None)
         if tail is not None:
-            tail = Tail(tail.get("base_below"), tuple(tail.get("skills", ())))
+            tail = Tail(**{**tail, "skills": tuple(tail.get("skills", ()))})
         return cls(name=name, tail=tail, **spec)
 
 

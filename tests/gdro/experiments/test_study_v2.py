@@ -112,6 +112,18 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     assert files[1].name in err and f"prompt {leaked!r} is in both the validation and the test split" in err
 
 
+def test_v2_protocol_errors_name_the_key(tmp_path):
+    with pytest.raises(ProtocolError, match=r"endpoints.t: .*unexpected keyword argument 'below'"):
+        load_protocol(_protocol(tmp_path, endpoints={"t": {"k": 8, "tail": {"below": 0.05}}}))
+    with pytest.raises(ProtocolError, match="endpoints.pass@8: reads the test split: set shape.num_test > 0"):
+        load_protocol(_protocol(tmp_path, shape={"steps": 2}, endpoints={"pass@8": {"k": 8}}))
+    with pytest.raises(ProtocolError, match=r"primary.power: .*'floor'"):
+        power = {"mde": {e: 0.01 for e in ENDPOINTS}, "floor": 0.01}
+        load_protocol(
+            _protocol(tmp_path, primary={**yaml.safe_load(_protocol(tmp_path).read_text())["primary"], "power": power})
+        )
+
+
 def test_the_run_key_holds_the_resolved_method_config_and_the_code(tmp_path):
     p = load_protocol(_protocol(tmp_path))
     code = {"commit": "a" * 40, "clean": True}
