@@ -80,18 +80,24 @@ from verl_ext.atomic import atomic_replace, blocking_file
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
 STAGES = ("tune", "primary", "explore", "confirm", "long", "report")
-# The code a run executes: recipe.gdro.experiments.direct and every repository module it imports
-# (tests/gdro/experiments/test_study_v2.py checks the list against a fresh import). Its last commit
-# and cleanliness (recipe.gdro.results.runner.code_state) are recorded in each run and key the cache;
-# committing run files, docs or the report code does not change them.
+# The code a run executes: recipe.gdro.experiments.direct, every repository module a run imports
+# (tests/gdro/experiments/test_study_v2.py checks the list against a fresh process that makes a run)
+# and the data it reads (the base model, the method YAMLs). Files, not whole packages: an edit to
+# code no run executes (verl_ext/interrupt.py, the trainer) leaves the committed runs valid. Its last
+# commit and cleanliness (recipe.gdro.results.runner.code_state) are recorded in each run and key the
+# cache; committing run files, docs or the report code does not change them.
 RUN_CODE = (
     "REQUIRED_VERL.txt",
-    "data_prep",
-    "verl_ext",
+    *(f"data_prep/{m}.py" for m in ("__init__", "arith", "common", "reward_fn")),
+    *(f"verl_ext/{m}.py" for m in ("__init__", "atomic", "binner", "config", "controller", "prompt_gdro")),
+    *(f"verl_ext/{m}.py" for m in ("rollout_gdro", "tokens")),
     "recipe/gdro/__init__.py",
-    "recipe/gdro/backends",
-    "recipe/gdro/config",
-    "recipe/gdro/tinylm",
+    *(f"recipe/gdro/backends/{m}.py" for m in ("__init__", "cpu_platform", "cpu_platform_plugin")),
+    "recipe/gdro/config/__init__.py",
+    "recipe/gdro/config/registry.py",
+    "recipe/gdro/config/method",
+    *(f"recipe/gdro/tinylm/{m}.py" for m in ("__init__", "exact", "model", "policy", "tasks")),
+    "recipe/gdro/tinylm/base",
     "recipe/gdro/experiments/__init__.py",
     "recipe/gdro/experiments/direct.py",
     "recipe/gdro/results/__init__.py",

@@ -154,18 +154,23 @@ def test_a_report_refuses_runs_of_two_protocols_in_one_line(tmp_path):
     assert "1 of protocol bbbbbbbbbbbbbbbb (r2.json)" in msg and "never mixes protocols" in msg
 
 
-def test_the_run_code_list_covers_what_the_direct_loop_imports():
-    """A module the direct loop imports outside RUN_CODE would change runs without changing their key."""
+def test_the_run_code_list_covers_what_a_run_imports():
+    """A module a run imports outside RUN_CODE would change runs without changing their key (a fresh
+    process makes a one-step run, so modules imported inside functions count too)."""
     code = (
-        "import sys, recipe.gdro.experiments.direct; from pathlib import Path; r = Path.cwd().resolve();"
-        "print('\\n'.join(sorted({str(Path(m.__file__).resolve().relative_to(r)) for m in list(sys.modules.values())"
-        " if getattr(m, '__file__', None) and Path(m.__file__).resolve().is_relative_to(r)})))"
+        "import sys, torch; torch.set_num_threads(1); from pathlib import Path;"
+        "from recipe.gdro.experiments.direct import run_direct;"
+        "run_direct(dict(steps=1, prompts=2, n=2, num_train=4, num_val=6, num_test=6), log=lambda *_: None);"
+        "r = Path.cwd().resolve(); files = {Path(m.__file__).resolve() for m in list(sys.modules.values())"
+        " if getattr(m, '__file__', None)};"
+        "print('\\n'.join(sorted(str(f.relative_to(r)) for f in files if f.is_relative_to(r))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     loaded = [f for f in out.split() if (REPO / f).is_file()]
-    assert "recipe/gdro/experiments/direct.py" in loaded
+    assert "recipe/gdro/experiments/direct.py" in loaded and "recipe/gdro/tinylm/policy.py" in loaded
     outside = [f for f in loaded if not any(f == c or f.startswith(c + "/") for c in study.RUN_CODE)]
     assert outside == []
+    assert all((REPO / c).exists() for c in study.RUN_CODE)  # no stale entry
 
 
 def test_exact_pass_at_k_tail_and_worst_skill():
