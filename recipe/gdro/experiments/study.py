@@ -126,8 +126,9 @@ def run_config(
     """The full, JSON-able configuration of one run (its key in the run store): the DirectConfig, the
     method's fully resolved ``gdro`` section (``method_config``: verl_ext's GDROConfig with every field,
     from the method's YAML, the overrides and the defaults; editing a method's YAML changes the key)
-    and ``code`` (:func:`recipe.gdro.results.runner.code_state` of :data:`RUN_CODE`; None asks for a
-    run made by any code, as a report does). Runs of :data:`PRE_PROVENANCE` protocols have neither."""
+    and ``code`` (:func:`recipe.gdro.results.runner.code_state` of :data:`RUN_CODE`, with the versions
+    of :data:`RUN_LIBRARIES`; None asks for a run made by any code, as a report does). Runs of
+    :data:`PRE_PROVENANCE` protocols have neither."""
     from recipe.gdro.experiments.direct import DirectConfig, method_gdro
 
     direct = asdict(
@@ -157,6 +158,24 @@ def run_config(
     config["method_config"] = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
     config["code"] = code
     return config
+
+
+# Installed libraries whose version can change a run's numbers (recorded with the code; verl is also pinned
+# by REQUIRED_VERL.txt).
+RUN_LIBRARIES = ("torch", "transformers", "verl", "numpy")
+
+
+def libraries() -> dict[str, str | None]:
+    """The installed versions of :data:`RUN_LIBRARIES` (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in RUN_LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
 
 
 def identity(config: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +388,7 @@ class Study:
         self.log = log
         # the run code's provenance when runs may be made; a report (jobs 0) reads runs of any code
         self.legacy = protocol.hash in PRE_PROVENANCE
-        self.code = None if jobs == 0 or self.legacy else code_state(REPO, RUN_CODE)
+        self.code = None if jobs == 0 or self.legacy else {**code_state(REPO, RUN_CODE), "libraries": libraries()}
         if jobs:  # a test split the data cannot hold is refused before any run, not in every worker
             from recipe.gdro.experiments.direct import DataPrepError, DirectConfig, held_out_split
 

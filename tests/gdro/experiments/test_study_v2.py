@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from recipe_helpers.paths import REPO
 
@@ -69,6 +70,7 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     # the validation p_i are what the run's exact metric averaged (rounded to 6 significant digits)
     assert np.mean(per["val"]["p"][-1]) == pytest.approx(run["final_exact"], rel=1e-5)
     assert config["code"]["commit"] and "clean" in config["code"] and run["code"] == config["code"]
+    assert config["code"]["libraries"]["torch"] == torch.__version__
     assert config["method_config"]["rollout"]["n_mean"] == 2  # the method's YAML, n̄ ...
     assert config["method_config"]["rollout"]["allocator"] == "sqrt"  # ... and the defaults it leaves out
     # the endpoints from the file alone, by hand
