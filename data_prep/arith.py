@@ -155,13 +155,16 @@ def allocate(total: int, shares: list[float]) -> list[int]:
 
 
 def sample_problems(
-    skill: Skill, count: int, rng: np.random.Generator, *, val: bool
+    skill: Skill, count: int, rng: np.random.Generator, *, val: bool, exclude: frozenset[str] = frozenset()
 ) -> list[tuple[str, int, int, int]]:
-    """``count`` distinct problems ``(text, a, b, answer)`` of one skill from its train or val side.
+    """``count`` distinct problems ``(text, a, b, answer)`` of one skill from its train or val side,
+    none of whose text is in ``exclude`` (the test split leaves out the validation split's problems).
 
     Raises :class:`DataPrepError` when the side of the pool cannot hold ``count`` distinct problems.
     """
     side = "validation" if val else "train"
+    wanted = "test" if exclude else side  # the test split draws from the validation side, less exclude
+    flag = "--num_test" if exclude else f"--num_{'val' if val else 'train'}"
     pool = skill.pool_size()
     # Expected side size (the hash slice is uniform); exact for small pools, checked below.
     if pool <= 200_000:
@@ -170,12 +173,14 @@ def sample_problems(
             (a, b)
             for a in range(lo0, hi0)
             for b in range(lo1, hi1)
-            if (skill.op != "-" or a >= b) and is_val_problem(problem_text(a, skill.op, b)) == val
+            if (skill.op != "-" or a >= b)
+            and is_val_problem(problem_text(a, skill.op, b)) == val
+            and problem_text(a, skill.op, b) not in exclude
         ]
         if count > len(eligible):
             raise DataPrepError(
-                f"skill {skill.name}: {count} distinct {side} problems requested but its {side} pool holds only "
-                f"{len(eligible)} (of {pool}); lower --num_{'val' if val else 'train'}"
+                f"skill {skill.name}: {count} distinct {wanted} problems requested but its {side} pool holds only "
+                f"{len(eligible)}{' beside the validation split' if exclude else ''} (of {pool}); lower {flag}"
             )
         picks = rng.choice(len(eligible), size=count, replace=False)
         pairs = [eligible[i] for i in sorted(picks)]
@@ -184,14 +189,15 @@ def sample_problems(
         expected = pool / VAL_SLICE if val else pool * (VAL_SLICE - 1) / VAL_SLICE
         if count > expected / 2:
             raise DataPrepError(
-                f"skill {skill.name}: {count} distinct {side} problems requested, more than half its {side} "
-                f"pool (~{int(expected)}); lower --num_{'val' if val else 'train'}"
+                f"skill {skill.name}: {count} distinct {wanted} problems requested, more than half its {side} "
+                f"pool (~{int(expected)}); lower {flag}"
             )
         seen: set[tuple[int, int]] = set()
         pairs = []
         while len(pairs) < count:
             for a, b in skill.draw(rng, 2 * (count - len(pairs)) + 16).tolist():
-                if (a, b) in seen or is_val_problem(problem_text(a, skill.op, b)) != val:
+                text = problem_text(a, skill.op, b)
+                if (a, b) in seen or is_val_problem(text) != val or text in exclude:
                     continue
                 seen.add((a, b))
                 pairs.append((a, b))
@@ -200,14 +206,22 @@ def sample_problems(
     return [(problem_text(a, skill.op, b), a, b, answer(a, skill.op, b)) for a, b in pairs]
 
 
-def build_split(total: int, seed: int, *, val: bool) -> list[dict]:
-    """All rows of one split, index-ordered by prompt hash (as dapo.py orders its rows)."""
+def build_split(total: int, seed: int, *, val: bool, beside_val: int | None = None) -> list[dict]:
+    """All rows of one split, index-ordered by prompt hash (as dapo.py orders its rows).
+
+    ``beside_val`` (the test split, :func:`build_test_split`): draw from the validation side, leaving out the
+    problems of the validation split of that size and ``seed``, on a stream of its own."""
     counts = allocate(total, [s.share for s in SKILLS])
+    exclude: frozenset[str] = frozenset()
+    stream = int(val)
+    if beside_val is not None:
+        exclude = frozenset(r["prompt"][-1]["content"] for r in build_split(beside_val, seed, val=True))
+        stream = TEST_STREAM
     # One independent stream per (seed, split, skill): adding a skill does not reshuffle the others.
     entries: list[tuple[str, Entry, Skill]] = []
     for k, (skill, count) in enumerate(zip(SKILLS, counts, strict=True)):
-        rng = np.random.default_rng([seed, int(val), k])
-        for row, (text, _a, _b, value) in enumerate(sample_problems(skill, count, rng, val=val)):
+        rng = np.random.default_rng([seed, stream, k])
+        for row, (text, _a, _b, value) in enumerate(sample_problems(skill, count, rng, val=val, exclude=exclude)):
             entry = Entry(
                 problem=text,
                 ground_truth=str(value),
@@ -229,6 +243,19 @@ def build_split(total: int, seed: int, *, val: bool) -> list[dict]:
         record["data_source"] = skill.data_source
         record["extra_info"]["skill"] = skill.name
     return records
+
+
+TEST_STREAM = 2  # the test split's random streams are [seed, 2, skill] (train: 0, validation: 1)
+
+
+def build_test_split(total: int, seed: int, num_val: int) -> list[dict]:
+    """A held-out test split of ``total`` rows: validation-eligible problems (never trained on, as
+    :func:`is_val_problem` reserves them) that are not in ``build_split(num_val, seed, val=True)``,
+    so the test prompts are disjoint from the validation prompts that choose checkpoints and lrs.
+    Each skill keeps its share; a skill whose validation side is too small after the validation
+    split's problems are removed (``mul1x2`` holds 77: at most 27 beside 1000 validation rows) is a
+    :class:`DataPrepError` naming it. Rows as :func:`build_split` writes them."""
+    return build_split(total, seed, val=True, beside_val=num_val)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -23,8 +23,11 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 ``config.temperature``, ``recipe.gdro.tinylm.exact``; per skill in ``before_exact`` / ``after_exact``
 and in every curve point as ``exact`` / ``exact_<skill>``), the learning curve
 (validation every ``eval_every`` steps against cumulative tokens and rollouts), per-step metrics
-(with the step's Σ|A|·tokens) and timings; the CLI prints them and writes them as JSON with
-``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
+(with the step's Σ|A|·tokens) and timings. ``per_prompt`` holds every evaluated prompt's exact
+probability p_i with its id and skill (``recipe.gdro.results.outcomes``: any pass@k is recomputed from
+it): the validation split at every evaluation, the held-out test split (``num_test`` prompts,
+disjoint from validation and training, checked) before and after training. The CLI prints them and
+writes them as JSON with ``--out``. The study harness (``recipe.gdro.experiments.study``) runs it under its protocol.
 """
 
 from __future__ import annotations
@@ -44,7 +47,9 @@ import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from data_prep import arith
+from data_prep.common import DataPrepError
 from recipe.gdro.config.registry import method_config, method_names, parse_overrides
+from recipe.gdro.results.outcomes import add_evaluation, check_disjoint, per_prompt_record
 from recipe.gdro.tinylm import exact, policy, tasks
 from recipe.gdro.tinylm.model import BASE_MODEL_DIR, load_model, load_tokenizer
 from verl_ext import GDROController
@@ -73,6 +78,9 @@ class DirectConfig:
     num_train: int = 8000
     train_file: str | None = None  # train on these rows (data_prep/arith.py's parquet schema) instead
     num_val: int = 1000
+    # Held-out test prompts (data_prep.arith.build_test_split: validation-side problems not in the
+    # validation split), scored before and after training only: the study's endpoints. 0: none.
+    num_test: int = 0
     data_seed: int = 0
     seed: int = 0
     eval_samples: int = 1
@@ -100,6 +108,12 @@ def warm_steps(config: DirectConfig) -> int:
             f"{per_step} rollouts, fewer than steps={config.steps}"
         )
     return spent // per_step
+
+
+def held_out_split(num_test: int, data_seed: int, num_val: int) -> list[dict]:
+    """The held-out test rows (``data_prep.arith.build_test_split``; none for ``num_test`` 0).
+    DataPrepError naming the skill when the validation side cannot hold them beside validation."""
+    return arith.build_test_split(num_test, data_seed, num_val) if num_test else []
 
 
 def resolve_device(name: str) -> torch.device:
@@ -139,6 +153,24 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         else arith.build_split(config.num_train, config.data_seed, val=False)
     )
     val = arith.build_split(config.num_val, config.data_seed, val=True)
+    test = held_out_split(config.num_test, config.data_seed, config.num_val)
+    splits = {"validation": val, "test": test, "training": train}
+    check_disjoint({name: [r["prompt"][-1]["content"] for r in rows] for name, rows in splits.items() if rows})
+    # Each evaluated prompt's exact probability at each evaluation (recipe.gdro.results.outcomes):
+    # validation at every evaluation, test before and after training.
+    per_prompt = {
+        name: per_prompt_record([r["prompt"][-1]["content"] for r in rows], exact.per_prompt_skills(rows))
+        for name, rows in (("val", val), ("test", test))
+        if rows
+    }
+
+    def score_exact(step: int, split: str = "val") -> dict[str, dict[str, float]]:
+        """The exact metric on ``split`` per skill; each prompt's p_i recorded at ``step``."""
+        rows = val if split == "val" else test
+        _, skills, p = exact.per_prompt(model, tok, rows, temperature=config.temperature)
+        add_evaluation(per_prompt[split], step, p)
+        return exact.skill_table(p, skills)
+
     prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
     # As the recipe's trainer builds it: the actor's loss_agg_mode sets Prompt-GDRO's mass units.
     ctl = GDROController(
@@ -154,7 +186,8 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     before = tasks.evaluate(
         model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
     )
-    before_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
+    before_exact = score_exact(0)
+    before_test = score_exact(0, "test") if test else None
     eval_seconds = time.perf_counter() - t0
     log(f"before ({eval_seconds:.0f} s, exact {before_exact['all']['exact']:.4f}):\n{tasks.format_table(before)}")
 
@@ -246,7 +279,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
             point = tasks.evaluate(
                 model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
             )
-            point_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
+            point_exact = score_exact(step + 1)
             curve.append(
                 {
                     "step": step + 1,
@@ -264,7 +297,8 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     after = tasks.evaluate(
         model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
     )
-    after_exact = exact.exact_by_skill(model, tok, val, temperature=config.temperature)
+    after_exact = score_exact(config.steps)
+    after_test = score_exact(config.steps, "test") if test else None
     log(f"after {config.steps} steps ({train_seconds:.0f} s, {train_seconds / max(1, config.steps):.2f} s/step):")
     log(tasks.format_table(after))
     log(f"exact metric {before_exact['all']['exact']:.4f} -> {after_exact['all']['exact']:.4f}")
@@ -280,6 +314,10 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         "after_exact": after_exact,
         "base_exact": before_exact["all"]["exact"],
         "final_exact": after_exact["all"]["exact"],
+        # the same on the test split (None without one), and every prompt's p_i at each evaluation
+        "before_test_exact": before_test,
+        "after_test_exact": after_test,
+        "per_prompt": per_prompt,
         "train_seconds": train_seconds,
         "seconds_per_step": train_seconds / max(1, config.steps),
         "eval_seconds": eval_seconds,
@@ -312,6 +350,7 @@ _HELP = {
     "device": "cpu, cuda[:N] or auto (CUDA when present)",
     "temperature": "rollouts, loss and validation",
     "warm_start": "binner warm start: k samples per training prompt before step 1, counted in the budget",
+    "num_test": "held-out test prompts (disjoint from validation), scored exactly before and after (0: none)",
 }
 
 
@@ -344,6 +383,14 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             print(f"error: --{name} must be a positive integer, got {getattr(args, name)}", file=sys.stderr)
             return 2
+    if args.num_test < 0:
+        print(f"error: --num_test must be >= 0, got {args.num_test}", file=sys.stderr)
+        return 2
+    try:
+        held_out_split(args.num_test, args.data_seed, args.num_val)
+    except DataPrepError as e:
+        print(f"error: --num_test: {e}", file=sys.stderr)
+        return 2
     if not args.temperature > 0:
         print(f"error: --temperature must be > 0, got {args.temperature}", file=sys.stderr)
         return 2

@@ -6,6 +6,13 @@ its keys are documented there): seeds of different roles never overlap, every me
 registry (``config/method/``), every arm names a tuned method. Its ``hash`` is the SHA-256 of the
 file's bytes: every run records it, and a report refuses runs of two hashes.
 
+An optional ``endpoints:`` section declares named endpoints (:class:`recipe.gdro.results.outcomes.Endpoint`:
+``k``, ``split``, a ``tail`` by ``base_below`` or ``skills``, ``worst_skill`` with an optional
+``min_base``); their names may be used as ``primary.metrics`` / ``confirm.metrics``, and
+``primary.power.mde`` (a target MDE per primary metric, with any :class:`recipe.gdro.results.stats.PowerRule`
+field beside it) plans the primary seeds per endpoint. An endpoint on the test split needs
+``shape.num_test`` > 0.
+
 The ledger (``results/tiny_lm_study/spent_seeds.yaml``) lists evaluation seeds already run, with the
 protocol hash that ran them. :meth:`Ledger.spend` refuses a seed spent under another hash (a
 changed protocol must take new seeds) and records the new ones before any of them runs.
@@ -22,6 +29,8 @@ from typing import Any
 import yaml
 
 from recipe.gdro.config.registry import method_names
+from recipe.gdro.results.outcomes import Endpoint
+from recipe.gdro.results.stats import PowerRule
 from verl_ext.atomic import atomic_replace
 
 PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
@@ -79,6 +88,11 @@ class Protocol:
         return self.data["long"]
 
     @property
+    def endpoints(self) -> dict[str, Endpoint]:
+        """The declared endpoints (``endpoints:``, name -> spec of :class:`Endpoint`), usable as metrics."""
+        return {name: Endpoint.from_dict(name, spec or {}) for name, spec in (self.data.get("endpoints") or {}).items()}
+
+    @property
     def solvable(self) -> float:
         return float(self.data.get("solvable", 0.1))
 
@@ -127,9 +141,33 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
     tuned = set(tuning["methods"])
     if data["primary"]["reference"] not in tuned or not set(data["primary"]["methods"]) <= tuned:
         _fail(path, "primary", "every primary method and the reference must be tuned (tuning.methods)")
+    endpoints = data.get("endpoints") or {}
+    if not isinstance(endpoints, dict):
+        _fail(path, "endpoints", "a mapping of endpoint name to its spec (k, split, tail, worst_skill, min_base)")
+    for name, spec in endpoints.items():
+        try:
+            ep = Endpoint.from_dict(str(name), spec or {})
+        except (TypeError, ValueError, AttributeError) as e:
+            _fail(path, f"endpoints.{name}", str(e))
+        if ep.split == "test" and not int(data["shape"].get("num_test", 0)) > 0:
+            _fail(path, f"endpoints.{name}", "reads the test split: set shape.num_test > 0")
+        if ep.split not in ("test", "val"):
+            _fail(path, f"endpoints.{name}", f"split {ep.split!r}: use test or val")
     for m in data["primary"].get("metrics", []) + data["confirm"].get("metrics", []):
-        if m not in METRICS:
-            _fail(path, "metrics", f"{m!r}: use one of {', '.join(METRICS)}")
+        if m not in METRICS and m not in endpoints:
+            _fail(path, "metrics", f"{m!r}: use one of {', '.join([*METRICS, *endpoints])}")
+    criterion = data["explore"].get("criterion", "final_exact")
+    if criterion not in METRICS and criterion not in endpoints:
+        _fail(path, "explore.criterion", f"{criterion!r}: use one of {', '.join([*METRICS, *endpoints])}")
+    power = dict(data["primary"].get("power", {}))
+    mdes = power.pop("mde", None)
+    if mdes is not None:
+        if not isinstance(mdes, dict) or set(mdes) != set(data["primary"].get("metrics", [])):
+            _fail(path, "primary.power.mde", "a target minimum detectable effect for each of primary.metrics")
+        try:
+            PowerRule(**power)
+        except TypeError as e:
+            _fail(path, "primary.power", f"{e} (beside mde: the fields of results/stats.py PowerRule)")
     if not data["primary"].get("seed_pool"):
         _fail(path, "primary.seed_pool", "must list the evaluation seeds")
     names = set()

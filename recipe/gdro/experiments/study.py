@@ -19,10 +19,22 @@ Each finished run is a small JSON in ``--results`` (default ``results/tiny_lm_st
 method, stage, seed, lr, protocol_hash, started_at, base_exact, final_exact, final_sampled, tokens,
 rollouts and the few curves the tables need. They are the run cache (a stage resumes by running
 only what is missing, on any machine, from the committed files) and the only input of
-``report``, which rewrites ``REPORT.md`` from them. Runs of another protocol hash are refused (move
-them to their own folder); evaluation seeds are spent through ``spent_seeds.yaml``
-(:mod:`recipe.gdro.experiments.protocol`). Every stage checks that compared runs had equal
-rollouts (:func:`recipe.gdro.results.stats.check_equal_budgets`).
+``report``, which rewrites ``REPORT.md`` from them. Runs of another protocol hash are refused (one
+line naming them; move them to their own folder); evaluation seeds are spent through
+``spent_seeds.yaml`` (:mod:`recipe.gdro.experiments.protocol`). Every stage checks that compared runs
+had equal rollouts (:func:`recipe.gdro.results.stats.check_equal_budgets`).
+
+Since protocol tiny_lm_v1 (whose committed runs keep their format: :data:`PRE_PROVENANCE`), a run
+file also holds ``per_prompt``, every evaluated prompt's exact p_i (validation at each evaluation,
+the held-out test split, ``shape.num_test``, before and after), from which the protocol's declared
+``endpoints`` (pass@k, a hard tail, the worst skill: :mod:`recipe.gdro.results.outcomes`) are
+computed by ``report`` with no rerun; and its provenance, which keys the cache: ``method_config``,
+the method's fully resolved ``gdro`` section, and ``code``, the last commit of the code a run
+executes (:data:`RUN_CODE`) and whether it had uncommitted changes (a run whose code differs is run
+again and replaces the file; ``report`` reads runs of any code and names the commits and the runs
+made from a modified tree). With ``primary.power.mde`` the primary stage plans its seeds per
+endpoint on the SD's upper confidence bound (:func:`recipe.gdro.results.stats.plan_for_mdes`) and
+runs Holm over methods x endpoints.
 """
 
 from __future__ import annotations
@@ -33,6 +45,7 @@ if __name__ == "__main__":  # Ctrl-C during the imports below: one line, no trac
     install("study")
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -46,17 +59,19 @@ from typing import Any
 import numpy as np
 
 from recipe.gdro.experiments.protocol import TINY_LM_PROTOCOL, Ledger, Protocol, ProtocolError, load_protocol
-from recipe.gdro.results.runner import MissingRuns, choose_lr, run_all
+from recipe.gdro.results.outcomes import Endpoint, check_disjoint, endpoint_value
+from recipe.gdro.results.runner import MissingRuns, choose_lr, code_state, run_all
 from recipe.gdro.results.stats import (
     BudgetMismatch,
+    PowerRule,
     budget_to_reach,
     canonical_json,
     censored_budgets,
     check_equal_budgets,
-    holm,
     minimum_detectable_effect,
     paired_ci,
-    paired_t_pvalue,
+    paired_family,
+    plan_for_mdes,
     plan_seeds,
 )
 from recipe.gdro.results.table import markdown_table
@@ -65,6 +80,34 @@ from verl_ext.atomic import atomic_replace, blocking_file
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
 STAGES = ("tune", "primary", "explore", "confirm", "long", "report")
+# The code a run executes: recipe.gdro.experiments.direct, every repository module a run imports
+# (tests/gdro/experiments/test_study_v2.py checks the list against a fresh process that makes a run)
+# and the data it reads (the base model, the method YAMLs). Files, not whole packages: an edit to
+# code no run executes (verl_ext/interrupt.py, the trainer) leaves the committed runs valid. Its last
+# commit and cleanliness (recipe.gdro.results.runner.code_state) are recorded in each run and key the
+# cache; committing run files, docs or the report code does not change them.
+RUN_CODE = (
+    "REQUIRED_VERL.txt",
+    *(f"data_prep/{m}.py" for m in ("__init__", "arith", "common", "reward_fn")),
+    *(f"verl_ext/{m}.py" for m in ("__init__", "atomic", "binner", "config", "controller", "prompt_gdro")),
+    *(f"verl_ext/{m}.py" for m in ("rollout_gdro", "tokens")),
+    "recipe/gdro/__init__.py",
+    *(f"recipe/gdro/backends/{m}.py" for m in ("__init__", "cpu_platform", "cpu_platform_plugin")),
+    "recipe/gdro/config/__init__.py",
+    "recipe/gdro/config/registry.py",
+    "recipe/gdro/config/method",
+    *(f"recipe/gdro/tinylm/{m}.py" for m in ("__init__", "exact", "model", "policy", "tasks")),
+    "recipe/gdro/tinylm/base",
+    "recipe/gdro/experiments/__init__.py",
+    "recipe/gdro/experiments/direct.py",
+    "recipe/gdro/results/__init__.py",
+    "recipe/gdro/results/outcomes.py",
+)
+# Protocols whose runs predate provenance: their run keys hold neither the code nor the resolved
+# method config, and leave out the DirectConfig fields added since (at their defaults), so their
+# committed runs keep their keys and their report reproduces.
+PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
+ADDED_SINCE_V1 = ("num_test",)
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -78,9 +121,15 @@ def run_config(
     gdro: dict[str, Any] | None = None,
     warm_start: int = 0,
     device: str = "cpu",
+    code: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The full, JSON-able configuration of one run (its key in the run store)."""
-    from recipe.gdro.experiments.direct import DirectConfig
+    """The full, JSON-able configuration of one run (its key in the run store): the DirectConfig, the
+    method's fully resolved ``gdro`` section (``method_config``: verl_ext's GDROConfig with every field,
+    from the method's YAML, the overrides and the defaults; editing a method's YAML changes the key)
+    and ``code`` (:func:`recipe.gdro.results.runner.code_state` of :data:`RUN_CODE`, with the versions
+    of :data:`RUN_LIBRARIES`; None asks for a run made by any code, as a report does). Runs of
+    :data:`PRE_PROVENANCE` protocols have neither."""
+    from recipe.gdro.experiments.direct import DirectConfig, method_gdro
 
     direct = asdict(
         DirectConfig(
@@ -95,7 +144,43 @@ def run_config(
         )
     )
     direct["model_path"] = portable_path(direct["model_path"])
-    return {"direct": direct, "exact_temperature": protocol.eval_temperature}
+    config = {"direct": direct, "exact_temperature": protocol.eval_temperature}
+    if protocol.hash in PRE_PROVENANCE:
+        defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
+        for name in ADDED_SINCE_V1:
+            if direct[name] != defaults[name]:
+                raise ValueError(f"{name}={direct[name]}: protocol {PRE_PROVENANCE[protocol.hash]} predates it")
+            del direct[name]
+        return config
+    from verl_ext.config import gdro_config_from_dict
+
+    # every field of the controller's config, defaults included: what the run's GDROController reads
+    config["method_config"] = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
+    config["code"] = code
+    return config
+
+
+# Installed libraries whose version can change a run's numbers (recorded with the code; verl is also pinned
+# by REQUIRED_VERL.txt).
+RUN_LIBRARIES = ("torch", "transformers", "verl", "numpy")
+
+
+def libraries() -> dict[str, str | None]:
+    """The installed versions of :data:`RUN_LIBRARIES` (None: not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in RUN_LIBRARIES:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def identity(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's configuration without its code provenance: what names its file."""
+    return {k: v for k, v in config.items() if k != "code"}
 
 
 def portable_path(path: str | Path) -> str:
@@ -152,11 +237,31 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "unseen_share": float(np.mean(unseen)) if unseen else float("nan"),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
         "seconds": result["train_seconds"],
+        # every evaluated prompt's exact p_i (recipe.gdro.results.outcomes): the endpoints' only input
+        "per_prompt": result["per_prompt"],
+        **({"code": job["config"]["code"]} if "code" in job["config"] else {}),
     }
 
 
 def config_key(config: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(config).encode("utf-8")).hexdigest()
+    """The SHA-256 of a run's :func:`identity` (its file name; a lookup also compares the code)."""
+    return hashlib.sha256(canonical_json(identity(config)).encode("utf-8")).hexdigest()
+
+
+def run_file_text(stored: dict[str, Any]) -> str:
+    """A run file's JSON: keys sorted, one key a line, a list of numbers or strings on one line (the
+    per-prompt outcomes stay a few lines, not one line per prompt)."""
+
+    def dump(value: Any, depth: int) -> str:
+        pad = " " * depth
+        if isinstance(value, dict) and value:
+            items = [f"{pad} {json.dumps(k)}: {dump(value[k], depth + 1)}" for k in sorted(value)]
+            return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+        if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+            return "[\n" + ",\n".join(f"{pad} {dump(v, depth + 1)}" for v in value) + f"\n{pad}]"
+        return json.dumps(value, allow_nan=True)
+
+    return dump(stored, 0) + "\n"
 
 
 # Summary fields that are NaN by design: the share of unseen prompts when a run has no step to average.
@@ -194,6 +299,7 @@ class RunStore:
         self.folder = Path(folder)
         self.protocol_hash = protocol_hash
         self.index: dict[str, tuple[Path, dict[str, Any]]] = {}
+        foreign: dict[str, list[str]] = {}
         for path in sorted(self.folder.glob("*.json")):
             try:
                 stored = json.loads(path.read_text(encoding="utf-8"))
@@ -201,23 +307,61 @@ class RunStore:
             except (OSError, ValueError, KeyError, TypeError):
                 raise ProtocolError(f"{path}: not a run summary of the study (unreadable); remove it") from None
             if summary.get("protocol_hash") != protocol_hash:
-                raise ProtocolError(
-                    f"{path}: a run of protocol {str(summary.get('protocol_hash'))[:16]}, not of this protocol "
-                    f"({protocol_hash[:16]}); a report never mixes protocols: move the old runs to their own folder"
-                )
+                foreign.setdefault(str(summary.get("protocol_hash"))[:16], []).append(path.name)
+                continue
             bad = non_finite_field(summary)
             if bad is not None:
                 raise ProtocolError(
                     f"{path}: summary field {bad[0]!r} is {bad[1]}, not a finite number: the run's result is "
                     "unusable; remove the file and run its stage again"
                 )
+            per = summary.get("per_prompt") or {}
+            if "val" in per and "test" in per:  # the endpoints' split never held a validation prompt
+                try:
+                    check_disjoint({"validation": per["val"]["id"], "test": per["test"]["id"]})
+                except ValueError as e:
+                    raise ProtocolError(f"{path}: {e}") from None
             self.index[config_key(config)] = (path, stored)
+        if foreign:
+            others = "; ".join(
+                f"{len(names)} of protocol {h} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
+                for h, names in foreign.items()
+            )
+            raise ProtocolError(
+                f"{self.folder}: runs of another protocol than this one ({protocol_hash[:16]}): {others}; a report "
+                "never mixes protocols: move the old runs to their own folder"
+            )
 
     def get(self, config: dict[str, Any]) -> dict[str, Any] | None:
+        """The stored summary of ``config``, or None: a run of another identity, or (when ``config``
+        names its code) one made by other code, is a miss, to run again (the new run replaces it)."""
         hit = self.index.get(config_key(config))
-        if hit is None or canonical_json(hit[1]["config"]) != canonical_json(config):
+        if hit is None or canonical_json(identity(hit[1]["config"])) != canonical_json(identity(config)):
+            return None
+        if config.get("code") is not None and hit[1]["config"].get("code") != config["code"]:
             return None
         return hit[1]["summary"]
+
+    def provenance(self) -> list[str]:
+        """Report lines: the code commits the runs were made with, and the runs made from a tree
+        whose run code had uncommitted changes, by file name (runs without provenance are left out)."""
+        commits: dict[str, int] = {}
+        dirty = []
+        for path, stored in sorted(self.index.values()):
+            code = stored["config"].get("code")
+            if not isinstance(code, dict):
+                continue
+            commits[str(code.get("commit"))[:12]] = commits.get(str(code.get("commit"))[:12], 0) + 1
+            if not code.get("clean"):
+                dirty.append(path.name)
+        if not commits:
+            return []
+        lines = ["Run code: " + ", ".join(f"commit {c} ({n} run{'s' * (n != 1)})" for c, n in commits.items()) + "."]
+        if dirty:
+            lines.append(
+                f"Made from a tree with uncommitted changes to the run code ({len(dirty)}): " + ", ".join(dirty) + "."
+            )
+        return lines
 
     def put(self, config: dict[str, Any], summary: dict[str, Any]) -> Path:
         key = config_key(config)
@@ -226,7 +370,7 @@ class RunStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         stored = {"summary": summary, "config": config}
         with atomic_replace(path, "w") as f:
-            f.write(json.dumps(stored, indent=1, sort_keys=True, allow_nan=True) + "\n")
+            f.write(run_file_text(stored))
         self.index[key] = (path, stored)
         return path
 
@@ -242,9 +386,24 @@ class Study:
         self.jobs = jobs
         self.device = device
         self.log = log
+        # the run code's provenance when runs may be made; a report (jobs 0) reads runs of any code
+        self.legacy = protocol.hash in PRE_PROVENANCE
+        self.code = None if jobs == 0 or self.legacy else {**code_state(REPO, RUN_CODE), "libraries": libraries()}
+        if jobs:  # a test split the data cannot hold is refused before any run, not in every worker
+            from recipe.gdro.experiments.direct import DataPrepError, DirectConfig, held_out_split
+
+            shape = DirectConfig(**protocol.shape)
+            try:
+                held_out_split(shape.num_test, shape.data_seed, shape.num_val)
+            except DataPrepError as e:
+                raise ProtocolError(f"{protocol.path}: shape.num_test: {e}") from None
+        if self.code is not None and not self.code["clean"]:
+            log(
+                "note: the run code has uncommitted changes: runs made now say so in their files, and report names them"
+            )
 
     def config(self, method: str, lr: float, seed: int, **kw: Any) -> dict[str, Any]:
-        return run_config(self.p, method, lr, seed, device=self.device, **kw)
+        return run_config(self.p, method, lr, seed, device=self.device, code=self.code, **kw)
 
     def runs(self, stage: str, jobs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Summaries of ``jobs`` ((arm label, config) pairs), running the missing ones."""
@@ -294,6 +453,8 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
             "temperatures": list(BASELINE_TEMPERATURES),
         }
     }
+    if not study.legacy:
+        config["code"] = study.code
     got = study.store.get(config)
     if got is not None:
         return got
@@ -320,6 +481,7 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
         "best_temperature": best,
         "best_exact": sweep["best_exact"],
         "best_exact_by_skill": {k: v["exact"] for k, v in sweep["tables"][best].items() if k != "all"},
+        **({"code": config["code"]} if "code" in config else {}),
     }
     study.store.put(config, summary)
     study.log(f"baseline: base exact {summary['best_exact']:.4f} at its best decoding temperature {best:g}")
@@ -347,9 +509,12 @@ def solvable_skills(run: dict[str, Any], threshold: float) -> list[str]:
     return [k for k, v in run["base_exact_by_skill"].items() if v >= threshold]
 
 
-def metric(run: dict[str, Any], name: str, threshold: float) -> float:
+def metric(run: dict[str, Any], name: str, threshold: float, endpoints: dict[str, Endpoint] | None = None) -> float:
     """``final_exact`` / ``final_sampled`` (means over validation prompts) and their ``_worst`` (the
-    minimum over solvable skills)."""
+    minimum over solvable skills), or a declared endpoint (``endpoints``; computed from the run's
+    per-prompt outcomes, recipe.gdro.results.outcomes.endpoint_value)."""
+    if endpoints and name in endpoints:
+        return endpoint_value(run, endpoints[name])
     if name in ("final_exact", "final_sampled"):
         return float(run[name])
     skills = solvable_skills(run, threshold)
@@ -382,17 +547,16 @@ def _p(x: float) -> str:
 def family_table(
     diffs: dict[str, list[float]], alpha: float, better: str = "GDRO better"
 ) -> tuple[list[str], dict[str, Any]]:
-    """A Holm family: one row per comparison (mean diff, CI, seeds, p, Holm p, verdict)."""
-    adjusted = holm({k: paired_t_pvalue(v) for k, v in diffs.items()}, alpha=alpha)
+    """A Holm family (results/stats.py paired_family): one row per comparison (mean diff, CI, seeds, p,
+    Holm p, verdict)."""
+    family = paired_family(diffs, alpha=alpha)
     rows = []
-    for name, d in diffs.items():
-        mean, lo, hi, n = paired_ci(d, [0.0] * len(d))
-        h = adjusted[name]
-        verdict = (better if mean > 0 else "GRPO better") if h.rejected else "not resolved"
-        ci = f"[{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else "n/a"
-        rows.append([name, _fmt(mean), ci, str(n), _p(h.p), _p(h.p_adjusted), verdict])
+    for name, r in family.items():
+        verdict = (better if r.mean > 0 else "GRPO better") if r.rejected else "not resolved"
+        ci = f"[{r.lo:+.4f}, {r.hi:+.4f}]" if math.isfinite(r.lo) else "n/a"
+        rows.append([name, _fmt(r.mean), ci, str(r.n), _p(r.p), _p(r.p_holm), verdict])
     head = ["comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict"]
-    return markdown_table(head, rows), adjusted
+    return markdown_table(head, rows), family
 
 
 PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p (Holm)", "verdict")
@@ -431,11 +595,24 @@ def _tuned_runs(study: Study, tuned: dict[str, float]) -> dict[tuple[str, int], 
     return {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("tune", jobs), strict=True)}
 
 
-def family_diffs(study: Study, runs: dict[tuple[str, int], dict[str, Any]], seeds) -> dict[str, list[float]]:
-    """The primary family's per-seed paired differences (method minus reference), one list per comparison."""
-    pr, th = study.p.primary, study.p.solvable
+def endpoints_on(study: Study, split: str | None) -> dict[str, Endpoint]:
+    """The declared endpoints, read on ``split`` (None: as declared). The test split serves only the
+    primary and confirmation comparisons; the power plan, the exploratory arms and the regimes read
+    the same endpoints on the validation prompts."""
+    ep = study.p.endpoints
+    return ep if split is None else {n: dataclasses.replace(e, split=split) for n, e in ep.items()}
+
+
+def family_diffs(
+    study: Study, runs: dict[tuple[str, int], dict[str, Any]], seeds, split: str | None = None
+) -> dict[str, list[float]]:
+    """The primary family's per-seed paired differences (method minus reference), one list per
+    comparison (endpoints on ``split``, :func:`endpoints_on`)."""
+    pr, th, ep = study.p.primary, study.p.solvable, endpoints_on(study, split)
     return {
-        f"{m} {name}": [metric(runs[(m, s)], name, th) - metric(runs[(pr["reference"], s)], name, th) for s in seeds]
+        f"{m} {name}": [
+            metric(runs[(m, s)], name, th, ep) - metric(runs[(pr["reference"], s)], name, th, ep) for s in seeds
+        ]
         for m in pr["methods"]
         for name in pr["metrics"]
     }
@@ -445,6 +622,48 @@ def pooled_sd(diffs: dict[str, list[float]]) -> float:
     """The per-seed SD of the paired differences, pooled over the family's comparisons (NaN below 2 seeds)."""
     variances = [float(np.var(d, ddof=1)) if len(d) > 1 else math.nan for d in diffs.values()]
     return float(np.sqrt(np.mean(variances)))
+
+
+def endpoint_plan(study: Study, tuned: dict[str, float]):
+    """The declared design when ``primary.power.mde`` names a target MDE per endpoint: from the tuning
+    seeds only, Holm over methods x endpoints, each endpoint's SD at its upper confidence bound
+    (results/stats.py plan_for_mdes; ``primary.power`` may set any field of PowerRule)."""
+    pr = study.p.primary
+    power = dict(pr.get("power", {}))
+    mdes = power.pop("mde")
+    rule = PowerRule(**{"alpha": float(pr.get("alpha", PowerRule.alpha)), **power})
+    rule = PowerRule(**{**rule.__dict__, "max_seeds": min(rule.max_seeds, len(pr["seed_pool"]))})
+    seeds = study.p.tuning["seeds"]
+    diffs = family_diffs(study, _tuned_runs(study, tuned), seeds, split="val")  # the test split is not read
+    by_endpoint = {e: [diffs[f"{m} {e}"] for m in pr["methods"]] for e in pr["metrics"]}
+    try:
+        return plan_for_mdes(by_endpoint, {e: float(v) for e, v in mdes.items()}, len(pr["methods"]), rule)
+    except ValueError as e:
+        raise ProtocolError(f"{study.p.path}: tuning.seeds: {e}") from None
+
+
+def _endpoint_plan_text(plan) -> str:
+    r = plan.rule
+    lines = [
+        f"Power (declared before the primary run, from the tuning seeds): {plan.n_seeds} evaluation seeds; Holm over "
+        f"{plan.family_size} comparisons (methods x endpoints) at alpha {r.alpha:g}, {100 * r.target_power:.0f}% "
+        f"power, each endpoint's per-seed SD (tuning seeds, validation prompts) at the upper "
+        f"{100 * r.sd_confidence:.0f}% confidence bound:",
+        "",
+    ]
+    rows = [
+        [
+            e.endpoint,
+            f"{e.sd.point:.4f}",
+            f"{e.sd.upper:.4f}",
+            f"{e.target_mde:.4f}",
+            f"{e.seeds_needed}{' (capped)' if e.capped else ''}",
+            f"{e.mde:.4f}",
+        ]
+        for e in plan.endpoints
+    ]
+    head = ["endpoint", "SD (tuning seeds)", "SD bound", "target MDE", "seeds it needs", f"MDE at {plan.n_seeds} seeds"]
+    return "\n".join([*lines, *markdown_table(head, rows)])
 
 
 def power_plan(study: Study, tuned: dict[str, float]):
@@ -483,6 +702,8 @@ def _power_text(plan, gain: float) -> str:
 
 def primary(study: Study, tuned: dict[str, float]) -> str:
     pr = study.p.primary
+    if "mde" in pr.get("power", {}):
+        return primary_endpoints(study, tuned)
     plan, gain = power_plan(study, tuned)
     seeds = [int(s) for s in pr["seed_pool"][: plan.n_seeds]]
     methods = [pr["reference"], *pr["methods"]]
@@ -544,6 +765,54 @@ def primary(study: Study, tuned: dict[str, float]) -> str:
     )
 
 
+def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
+    """The primary stage of a protocol with declared endpoints: the per-endpoint power plan, Holm over
+    methods x endpoints, and per method every endpoint side by side (pass@1 beside pass@8), from the
+    runs' per-prompt outcomes."""
+    pr, ep = study.p.primary, study.p.endpoints
+    plan = endpoint_plan(study, tuned)
+    seeds = [int(s) for s in pr["seed_pool"][: plan.n_seeds]]
+    methods = [pr["reference"], *pr["methods"]]
+    if study.jobs:
+        study.ledger.spend(study.p.hash, "primary", seeds)
+    jobs = [(m, study.config(m, tuned[m], s)) for m in methods for s in seeds]
+    runs = {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("primary", jobs), strict=True)}
+    equal_budgets("primary", {s: {m: runs[(m, s)] for m in methods} for s in seeds})
+    alpha = plan.rule.alpha
+    table, _ = family_table(family_diffs(study, runs, seeds), alpha)
+    names = list(ep)
+    base = [runs[(pr["reference"], s)] for s in seeds]  # every run's base is the same untrained model
+    base_values = [f"{np.mean([endpoint_value(r, ep[n], 'base') for r in base]):.4f}" for n in names]
+    rows = [["base (no training)", *base_values, "–", "–"]]
+    for m in methods:
+        rs = [runs[(m, s)] for s in seeds]
+        values = [f"{np.mean([metric(r, n, study.p.solvable, ep) for r in rs]):.4f}" for n in names]
+        rows.append(
+            [
+                f"{m} (lr {tuned[m]:g})",
+                *values,
+                f"{np.mean([r['weighted_adv_token_mass'] for r in rs]):,.0f}",
+                f"{np.mean([r['tokens'] for r in rs]):,.0f}",
+            ]
+        )
+    described = "; ".join(f"{n}: {e.describe()}" for n, e in ep.items())
+    return "\n".join(
+        [
+            _endpoint_plan_text(plan),
+            "",
+            baseline_line(study, [runs[(pr["reference"], s)] for s in seeds]),
+            "",
+            f"Primary family (declared; Holm at {alpha:g} over methods x endpoints; paired over seeds {seeds}):",
+            "",
+            *table,
+            "",
+            f"Per method (means over the evaluation seeds; endpoints from the per-prompt outcomes: {described}):",
+            "",
+            *markdown_table(["method", *names, "weighted-advantage token mass", "tokens"], rows),
+        ]
+    )
+
+
 def _explore_runs(study: Study, tuned: dict[str, float]):
     ex = study.p.explore
     ref = ex.get("reference", "grpo")
@@ -559,13 +828,28 @@ def _explore_runs(study: Study, tuned: dict[str, float]):
     return seeds, ref_runs, arm_runs
 
 
-def explore_gains(ref_runs, arm_runs) -> dict[str, list[float]]:
-    return {a: [r[s]["final_exact"] - ref_runs[s]["final_exact"] for s in ref_runs] for a, r in arm_runs.items()}
+def explore_gains(study: Study, ref_runs, arm_runs) -> dict[str, list[float]]:
+    """Each arm's per-seed gain over the reference on ``explore.criterion`` (default ``final_exact``;
+    a declared endpoint may be named): what the confirmation rule ranks arms by."""
+    name = study.p.explore.get("criterion", "final_exact")
+    th, ep = study.p.solvable, endpoints_on(study, "val")
+
+    def value(run):
+        return metric(run, name, th, ep)
+
+    return {a: [value(r[s]) - value(ref_runs[s]) for s in ref_runs] for a, r in arm_runs.items()}
+
+
+def endpoint_cells(study: Study, runs: list[dict[str, Any]]) -> list[str]:
+    """Each declared endpoint's mean over ``runs``, on the validation prompts (none for a protocol
+    without endpoints)."""
+    th, ep = study.p.solvable, endpoints_on(study, "val")
+    return [f"{np.mean([metric(r, n, th, ep) for r in runs]):.4f}" for n in ep]
 
 
 def explore(study: Study, tuned: dict[str, float]) -> str:
     seeds, ref_runs, arm_runs = _explore_runs(study, tuned)
-    gains = explore_gains(ref_runs, arm_runs)
+    gains = explore_gains(study, ref_runs, arm_runs)
     th = study.p.solvable
     rows = []
     ref_tokens = np.mean([r["tokens"] for r in ref_runs.values()])
@@ -584,11 +868,17 @@ def explore(study: Study, tuned: dict[str, float]) -> str:
                 f"{np.mean([r['final_sampled'] for r in rs]):.3f}",
                 f"{np.mean([r['tokens'] for r in rs]) / ref_tokens:.3f}",
                 f"{np.mean([r['all_unseen_steps'] / max(1, r['steps_trained']) for r in rs]):.2f}",
+                *endpoint_cells(study, rs),
+                *([f"{np.mean([r['weighted_adv_token_mass'] for r in rs]):,.0f}"] if study.p.endpoints else []),
             ]
         )
+    criterion = study.p.explore.get("criterion", "final_exact")
+    versus = "vs GRPO" + ("" if criterion == "final_exact" else f" ({criterion}, val)")
     head = [
-        "arm (exploratory)", "lr", "final exact", "vs GRPO", "95% CI", "worst-skill exact", "final sampled",
-        "tokens / GRPO's", "all-unseen steps",
+        "arm (exploratory)", "lr", "final exact", versus,
+        "95% CI", "worst-skill exact", "final sampled", "tokens / GRPO's", "all-unseen steps",
+        *(f"{n} (val)" for n in study.p.endpoints),
+        *(["weighted-advantage token mass"] if study.p.endpoints else []),
     ]  # fmt: skip
     return "\n".join(
         [
@@ -613,7 +903,7 @@ def chosen_arm(study: Study, gains: dict[str, list[float]]) -> str | None:
 
 def confirm(study: Study, tuned: dict[str, float]) -> str:
     _, ref_runs, arm_runs = _explore_runs(study, tuned)
-    gains = explore_gains(ref_runs, arm_runs)
+    gains = explore_gains(study, ref_runs, arm_runs)
     name = chosen_arm(study, gains)
     if name is None:
         best = max(gains, key=lambda n: float(np.mean(gains[n]))) if gains else "none"
@@ -635,7 +925,8 @@ def confirm(study: Study, tuned: dict[str, float]) -> str:
     a = {s: runs[(arm.name, s)] for s in seeds}
     equal_budgets("confirm", {s: {"reference": g[s], arm.name: a[s]} for s in seeds})
     th = study.p.solvable
-    diffs = {m: [metric(a[s], m, th) - metric(g[s], m, th) for s in seeds] for m in cf["metrics"]}
+    ep = study.p.endpoints
+    diffs = {m: [metric(a[s], m, th, ep) - metric(g[s], m, th, ep) for s in seeds] for m in cf["metrics"]}
     table, _ = family_table(diffs, float(cf.get("alpha", 0.05)), better="arm better")
     return "\n".join(
         [
@@ -664,11 +955,14 @@ def long_regimes(study: Study, tuned: dict[str, float]) -> str:
                 [by[m][s]["final_exact"] for s in seeds], [by[methods[0]][s]["final_exact"] for s in seeds]
             )
             ci = "–" if m == methods[0] else f"{_fmt(mean)} [{_fmt(lo)}, {_fmt(hi)}]"
-            rows.append([f"{m} (lr {tuned[m]:g})", f"{np.mean([by[m][s]['final_exact'] for s in seeds]):.4f}", ci])
+            final = f"{np.mean([by[m][s]['final_exact'] for s in seeds]):.4f}"
+            rows.append([f"{m} (lr {tuned[m]:g})", final, ci, *endpoint_cells(study, list(by[m].values()))])
         lines += [
             f"{regime} ({', '.join(f'{k}={v}' for k, v in shape.items())}), seeds {seeds}:",
             "",
-            *markdown_table(["method", "final exact", "vs GRPO (95% CI)"], rows),
+            *markdown_table(
+                ["method", "final exact", "vs GRPO (95% CI)", *(f"{n} (val)" for n in study.p.endpoints)], rows
+            ),
             "",
             baseline_line(study, list(by[methods[0]].values())),
             "",
@@ -719,6 +1013,9 @@ def report(study: Study) -> str:
         "Regenerate: `python -m recipe.gdro.experiments.study report` (reads only results/tiny_lm_study/runs/).",
         "",
     ]
+    provenance = quiet.store.provenance()
+    if provenance:
+        parts += [*provenance, ""]
     try:
         tuned, text = tune(quiet)
     except MissingRuns as e:

@@ -6,15 +6,20 @@ tiny-LM study (``recipe.gdro.experiments.study``, cached under ``results/tiny_lm
 cached jobs are read back, the rest run ``workers`` at a time in forked processes (one torch thread
 each: the workers share the cores), results are stored as each finishes (an interrupted study keeps
 what finished), and Ctrl-C stops the pool at once. :func:`choose_lr` is the tuning rule.
+:func:`code_state` is a run's code provenance (the commit of the code it executes, and whether that
+code had uncommitted changes), which a study records in each run and keys its cache on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import multiprocessing as mp
 import signal
+import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -105,3 +110,34 @@ def choose_lr(scores: Mapping[float, Sequence[float]], prefer: str = "smaller") 
     if prefer == "nearest_one":
         return max(means, key=lambda g: (means[g], -abs(np.log(g))))
     raise ValueError(f"prefer={prefer!r}: use 'smaller' or 'nearest_one'")
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+
+def code_state(repo: str | Path, paths: Sequence[str]) -> dict[str, Any]:
+    """The provenance of code under ``paths`` (relative to the git checkout ``repo``):
+
+    * ``commit``: the last commit that changed any of ``paths`` (``git log -1 -- paths``), so that
+      committing results or docs does not change it; None outside a git checkout;
+    * ``clean``: no tracked change and no untracked file under ``paths`` (``git status --porcelain``);
+    * ``diff_sha256`` (only when not clean): the SHA-256 of ``git diff HEAD`` and the untracked file
+      names and contents under ``paths``, so two different uncommitted states never share a key.
+    """
+    repo = Path(repo)
+    try:
+        commit = _git(repo, "log", "-1", "--format=%H", "--", *paths).strip() or None
+        status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *paths)
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "clean": False, "diff_sha256": None}
+    if not status.strip():
+        return {"commit": commit, "clean": True}
+    h = hashlib.sha256(_git(repo, "diff", "HEAD", "--", *paths).encode("utf-8"))
+    for name in sorted(_git(repo, "ls-files", "--others", "--exclude-standard", "--", *paths).splitlines()):
+        h.update(name.encode("utf-8") + b"\0")
+        with contextlib.suppress(OSError):
+            h.update((repo / name).read_bytes())
+    return {"commit": commit, "clean": False, "diff_sha256": h.hexdigest()}

@@ -9,9 +9,14 @@ A comparison is only as good as the rules around it:
   with unadjusted intervals and labelled so). A primary row cannot be added once results exist.
 * **Holm (1979).** Sort the m p-values ascending, p_(1) ≤ ... ≤ p_(m); reject H_(i) while
   p_(i) ≤ α / (m - i + 1); the adjusted p-value is max_{j ≤ i} min(1, (m - j + 1) p_(j)). It
-  controls the family-wise error rate at α under any dependence between the tests.
+  controls the family-wise error rate at α under any dependence between the tests. (Written here:
+  scipy has no Holm, its ``false_discovery_control`` is Benjamini-Hochberg / -Yekutieli, and
+  statsmodels' ``multipletests`` is not a dependency.) A family may be methods x endpoints: the
+  names are the keys.
 * **Paired tests.** :func:`paired_t_pvalue` and :func:`paired_ci` are scipy's ``ttest_rel``; a
-  family of comparisons is planned by :func:`plan_seeds` (power after Holm) before it is run.
+  family of comparisons is planned by :func:`plan_seeds` (power after Holm) before it is run, or
+  by :func:`plan_for_mdes`: per endpoint, a target minimum detectable effect after Holm on the upper
+  confidence bound of the SD (:func:`sd_upper_bound`, chi-square) from at least 4 tuning seeds.
 * **Censoring.** A budget-to-target of a run that never reaches the target is censored at its
   total budget (:func:`censored_budgets`), never dropped.
 * **Equal budgets.** Two methods are compared at equal generated tokens or at equal rollouts;
@@ -30,7 +35,7 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -50,7 +55,7 @@ class HolmResult:
     rejected: bool
 
 
-def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmResult]:
+def holm(pvalues: Mapping[Hashable, float], alpha: float = 0.05) -> dict[Hashable, HolmResult]:
     """Holm's step-down correction of a family of p-values (module docstring).
 
     A NaN p-value (a comparison that could not be tested, e.g. one seed) counts in the family size
@@ -67,7 +72,7 @@ def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmRes
         raise ValueError(f"p-value of {bad!r} is {pvalues[bad]}: must be in [0, 1]")
     finite = ~np.isnan(p)
     order = sorted((i for i in range(m) if finite[i]), key=lambda i: p[i])
-    out: dict[str, HolmResult] = {n: HolmResult(float("nan"), float("nan"), False) for n in names}
+    out: dict[Hashable, HolmResult] = {n: HolmResult(float("nan"), float("nan"), False) for n in names}
     running_max = 0.0
     still_rejecting = True
     for rank, i in enumerate(order):  # rank 0 is the smallest p
@@ -75,6 +80,36 @@ def holm(pvalues: Mapping[str, float], alpha: float = 0.05) -> dict[str, HolmRes
         still_rejecting = still_rejecting and p[i] <= alpha / (m - rank)
         out[names[i]] = HolmResult(float(p[i]), float(running_max), bool(still_rejecting))
     return out
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    """One comparison of a Holm family: the mean per-seed difference, its t interval, the seeds, the
+    paired t p-value, its Holm adjustment and whether Holm rejects it."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+    p: float
+    p_holm: float
+    rejected: bool
+
+
+def paired_family(
+    differences: Mapping[Hashable, Sequence[float]], alpha: float = 0.05, confidence: float = 0.95
+) -> dict[Hashable, FamilyRow]:
+    """A declared family of paired comparisons under one Holm correction: every key (e.g. a
+    ``(method, endpoint)`` pair: Holm over methods x endpoints) gets :func:`paired_ci` and
+    :func:`paired_t_pvalue` of its per-seed differences (method minus reference), and :func:`holm`
+    runs over all of them together."""
+    adjusted = holm({k: paired_t_pvalue(d) for k, d in differences.items()}, alpha=alpha)
+    rows = {}
+    for key, d in differences.items():
+        mean, lo, hi, n = paired_ci(d, [0.0] * len(d), confidence)
+        h = adjusted[key]
+        rows[key] = FamilyRow(mean, lo, hi, n, h.p, h.p_adjusted, h.rejected)
+    return rows
 
 
 def paired_t_pvalue(differences: Sequence[float]) -> float:
@@ -142,7 +177,10 @@ class PowerPlan:
 
     n_seeds: int
     effect: float  # the effect the design must detect: max(floor, fraction x GRPO's gain)
-    sd: float  # per-seed SD of the paired differences (largest over the family), from tuning seeds
+    # The per-seed SD of the paired differences the plan used, as given to plan_seeds (the tiny-LM
+    # study's v1 passes the point estimate pooled over the family: the root of the mean of the
+    # comparisons' variances on the tuning seeds; plan_for_mdes plans on an upper confidence bound).
+    sd: float
     family_size: int
     alpha: float
     power: float  # achieved power at ``effect`` with ``n_seeds``
@@ -183,6 +221,132 @@ def plan_seeds(
     power = paired_t_power(effect, sd, n, level)
     mde = minimum_detectable_effect(sd, n, level, target_power)
     return PowerPlan(n, effect, float(sd), family_size, alpha, power, mde, capped=power < target_power)
+
+
+@dataclass(frozen=True)
+class PowerRule:
+    """How the seeds of a family are planned from tuning seeds (:func:`plan_for_mdes`); each setting's
+    default is here only."""
+
+    alpha: float = 0.05  # family-wise error rate (Holm over methods x endpoints)
+    target_power: float = 0.8
+    sd_confidence: float = 0.8  # plan on the upper bound of this one-sided confidence interval for the SD
+    min_tuning_seeds: int = 4  # fewer seeds give an SD bound too loose to plan on (2 seeds: df 1)
+    max_seeds: int = 64
+
+
+@dataclass(frozen=True)
+class SDBound:
+    """A per-seed SD estimated on tuning seeds and its one-sided upper confidence bound."""
+
+    point: float  # sqrt of the mean of the comparisons' sample variances (ddof 1)
+    upper: float  # upper ``confidence`` bound: point * sqrt(df / chi2.ppf(1 - confidence, df))
+    df: int  # seeds - 1
+    confidence: float
+
+
+def sd_upper_bound(differences: Sequence[Sequence[float]], confidence: float = 0.8) -> SDBound:
+    """The SD of per-seed paired differences and its upper ``confidence`` bound (chi-square).
+
+    For n normal draws with sample variance s², (n - 1) s² / σ² ~ χ²_{n-1}, so
+    σ ≤ s √((n - 1) / χ²_{n-1}(1 - confidence)) with probability ``confidence``: the one-sided
+    chi-square interval for a normal SD (χ² quantiles from ``scipy.stats.chi2.ppf``). Several comparisons
+    over the same seeds (methods against one reference) are pooled as the mean of their variances,
+    with df = n - 1, not their sum: they share the reference's runs, so they are not independent
+    estimates and the bound keeps the width of one.
+    """
+    from scipy import stats
+
+    rows = [np.asarray(d, dtype=np.float64) for d in differences]
+    if not rows or any(r.ndim != 1 for r in rows) or len({r.size for r in rows}) != 1:
+        raise ValueError("differences: one list of per-seed differences per comparison, all over the same seeds")
+    n = rows[0].size
+    if n < 2:
+        raise ValueError(f"{n} seed(s): an SD needs at least 2")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence}: must be in (0, 1)")
+    point = float(np.sqrt(np.mean([np.var(r, ddof=1) for r in rows])))
+    df = n - 1
+    upper = point * math.sqrt(df / float(stats.chi2.ppf(1 - confidence, df)))
+    return SDBound(point, float(upper), df, float(confidence))
+
+
+def seeds_for_mde(sd: float, mde: float, family_size: int, rule: PowerRule = PowerRule()) -> tuple[int, bool]:
+    """The fewest seeds (>= 2) at which the paired t at level alpha / ``family_size`` (Holm's first
+    step, as in :func:`plan_seeds`) detects ``mde`` with ``rule.target_power`` when the per-seed SD is
+    ``sd``; and whether ``rule.max_seeds`` capped it (then the power is below target)."""
+    if not (sd >= 0 and math.isfinite(sd)):
+        raise ValueError(f"sd={sd}: must be a finite number >= 0")
+    if not mde > 0:
+        raise ValueError(f"mde={mde}: must be > 0")
+    level = rule.alpha / family_size
+    n = 2
+    while paired_t_power(mde, sd, n, level) < rule.target_power and n < rule.max_seeds:
+        n += 1
+    return n, paired_t_power(mde, sd, n, level) < rule.target_power
+
+
+@dataclass(frozen=True)
+class EndpointPlan:
+    """One endpoint of a planned family: its SD bound, the seeds its target MDE needs, and the MDE the
+    family's seed count gives it (what the design can in fact detect)."""
+
+    endpoint: str
+    sd: SDBound
+    target_mde: float
+    seeds_needed: int
+    capped: bool
+    mde: float  # at the plan's n_seeds, on sd.upper
+
+
+@dataclass(frozen=True)
+class FamilyPlan:
+    n_seeds: int  # max over endpoints of seeds_needed (at most rule.max_seeds)
+    family_size: int  # methods x endpoints: Holm's m
+    rule: PowerRule
+    endpoints: tuple[EndpointPlan, ...]
+
+
+def plan_for_mdes(
+    differences: Mapping[str, Sequence[Sequence[float]]],
+    target_mdes: Mapping[str, float],
+    n_methods: int,
+    rule: PowerRule = PowerRule(),
+) -> FamilyPlan:
+    """Seeds for a family of ``n_methods`` x endpoints comparisons under Holm, each endpoint powered
+    for its ``target_mdes[endpoint]`` on the upper ``rule.sd_confidence`` bound of its SD
+    (:func:`sd_upper_bound`) from the tuning seeds' paired differences ``differences[endpoint]`` (one
+    list per method). The seed count is the largest any endpoint needs; each endpoint's MDE at that
+    count is reported (below its target when another endpoint needs more seeds; above it when the
+    count is capped). Refuses fewer than ``rule.min_tuning_seeds`` tuning seeds."""
+    if set(differences) != set(target_mdes):
+        raise ValueError(f"endpoints with differences {sorted(differences)} but target MDEs for {sorted(target_mdes)}")
+    family_size = n_methods * len(differences)
+    if family_size < 1:
+        raise ValueError("an empty family")
+    bounds = {}
+    for name, diffs in differences.items():
+        seeds = len(diffs[0]) if diffs else 0
+        if seeds < rule.min_tuning_seeds:
+            raise ValueError(
+                f"endpoint {name!r}: {seeds} tuning seeds; the power plan needs at least {rule.min_tuning_seeds}"
+            )
+        bounds[name] = sd_upper_bound(diffs, rule.sd_confidence)
+    needed = {name: seeds_for_mde(b.upper, float(target_mdes[name]), family_size, rule) for name, b in bounds.items()}
+    n = max(k for k, _ in needed.values())
+    level = rule.alpha / family_size
+    plans = tuple(
+        EndpointPlan(
+            name,
+            bounds[name],
+            float(target_mdes[name]),
+            needed[name][0],
+            needed[name][1],
+            minimum_detectable_effect(bounds[name].upper, n, level, rule.target_power),
+        )
+        for name in differences
+    )
+    return FamilyPlan(n, family_size, rule, plans)
 
 
 def minimum_detectable_effect(sd: float, n: int, level: float, target_power: float = 0.8) -> float:

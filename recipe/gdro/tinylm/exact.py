@@ -30,7 +30,7 @@ from data_prep import arith
 from recipe.gdro.tinylm import policy
 from recipe.gdro.tinylm.tasks import prompt_ids
 
-__all__ = ["answer_probability", "canonical_response_ids", "exact_by_skill", "mean_exact"]
+__all__ = ["answer_probability", "canonical_response_ids", "exact_by_skill", "mean_exact", "per_prompt", "skill_table"]
 
 
 def canonical_response_ids(tokenizer, answer: str) -> list[int]:
@@ -98,8 +98,12 @@ def answer_probability(
 def _rows(records: list[dict]) -> tuple[list[str], list[str], list[str]]:
     prompts = [r["prompt"][-1]["content"] for r in records]
     answers = [str(r["reward_model"]["ground_truth"]) for r in records]
-    skills = [r.get("extra_info", {}).get("skill") or r["data_source"] for r in records]
-    return prompts, answers, skills
+    return prompts, answers, per_prompt_skills(records)
+
+
+def per_prompt_skills(records: list[dict]) -> list[str]:
+    """Each row's skill (``extra_info.skill``, else its ``data_source``)."""
+    return [r.get("extra_info", {}).get("skill") or r["data_source"] for r in records]
 
 
 def mean_exact(model, tokenizer, records: list[dict], *, temperature: float = 1.0, batch_size: int = 256) -> float:
@@ -120,6 +124,23 @@ def exact_by_skill(
     """
     prompts, answers, skills = _rows(records)
     p = answer_probability(model, tokenizer, prompts, answers, temperature=temperature, batch_size=batch_size)
+    return skill_table(p, skills)
+
+
+def per_prompt(
+    model, tokenizer, records: list[dict], *, temperature: float = 1.0, batch_size: int = 256
+) -> tuple[list[str], list[str], np.ndarray]:
+    """``(prompt ids, skills, p)`` of data_prep/arith.py rows: each prompt's exact probability p_i
+    (:func:`answer_probability`), keyed by its prompt text (``"12+34="``, unique within a split and
+    the same in every split) and its skill. :func:`skill_table` of ``(p, skills)`` is
+    :func:`exact_by_skill`."""
+    prompts, answers, skills = _rows(records)
+    p = answer_probability(model, tokenizer, prompts, answers, temperature=temperature, batch_size=batch_size)
+    return prompts, skills, p
+
+
+def skill_table(p, skills: list[str]) -> dict[str, dict[str, float]]:
+    """:func:`exact_by_skill`'s table from per-prompt probabilities ``p`` and their ``skills``."""
     groups: dict[str, list[float]] = defaultdict(list)
     for skill, value in zip(skills, p, strict=True):
         groups[skill].append(value)
