@@ -165,7 +165,9 @@ def test_the_run_code_list_covers_what_a_run_imports():
         "run_direct(dict(steps=1, prompts=2, n=2, num_train=4, num_val=6, num_test=6), log=lambda *_: None);"
         "r = Path.cwd().resolve(); files = {Path(m.__file__).resolve() for m in list(sys.modules.values())"
         " if getattr(m, '__file__', None)};"
-        "print('\\n'.join(sorted(str(f.relative_to(r)) for f in files if f.is_relative_to(r))))"
+        "env = Path(sys.prefix).resolve();"  # a venv inside the checkout (run_scripts/setup_env.sh's .venv)
+        "print('\\n'.join(sorted(str(f.relative_to(r)) for f in files"
+        " if f.is_relative_to(r) and not f.is_relative_to(env))))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     loaded = [f for f in out.split() if (REPO / f).is_file()]
