@@ -7,7 +7,8 @@ venv): a head and a worker node, each with one logical GPU, so one FSDP rank and
 each. The launch is ``run_scripts/tiny_joint_gdro.sh`` on a 32-prompt pool, 16 prompts a step, a
 checkpoint every 2 steps, the same command each time.
 
-1. It trains: realised = scheduled rollouts on every step, counts that differ, multipliers other than 1;
+1. It trains: realised = scheduled rollouts on every step, and once GDRO acts (step 3 on, checked after the
+   last launch) counts that differ and multipliers other than 1;
    vLLM's and FSDP's probabilities agree after each sync on both replicas; a checkpoint holds both ranks'
    shards and one ``gdro_state.pkl``.
 2. The worker node is removed without grace (its raylet and every worker on it killed) while vLLM generates
@@ -262,6 +263,14 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
     assert leaked_segments(two_nodes["shm_before"], settle=5.0) == []
     rows = {r["step"]: r for r in read_jsonl(run / "gdro_metrics.jsonl") if "step" in r}
     assert sorted(rows)[:5] == [1, 2, 3, 4, 5] and max(rows) <= 6
+    # over the three launches: every step realised as scheduled; once GDRO acts (step 3 on) counts that
+    # differ across prompts and Prompt-GDRO's multipliers other than 1
+    for r in rows.values():
+        assert r["gdro/recipe/realised_rollouts"] == r["gdro/recipe/scheduled_rollouts"] == 16 * 4
+    assert any(r["gdro/recipe/scheduled_n_max"] > r["gdro/recipe/scheduled_n_min"] for r in rows.values())
+    assert any(max(abs(r["gdro/multiplier_max"] - 1), abs(r["gdro/multiplier_min"] - 1)) > 1e-3 for r in rows.values())
+    for step, m in verl_steps(run / "verl_metrics.jsonl").items():  # both replicas agree after every sync
+        assert m["training/rollout_probs_diff_mean"] < 1e-5 and m["training/rollout_probs_diff_max"] < 1e-4, step
     assert_restored_as_saved(run, 4, resumes=2)
     for step in (2, 4):  # retention kept both saves
         assert incomplete_reason(str(run / f"global_step_{step}"), with_gdro_state=True) is None
