@@ -200,42 +200,31 @@ def test_quickstart_interrupted_stops_its_training_run(tmp_path):
     assert not (out / "report.md").exists()
 
 
-def test_sigterm_stays_sigterm_when_a_library_reraises_a_plain_keyboard_interrupt():
-    """Ray's ray.get turns the handler's Interrupted into a plain KeyboardInterrupt: the command still
-    reports SIGTERM and exits 143 (before: 'interrupted (SIGINT)', exit 130, on the GPU launch path)."""
-    script = (
-        "import os, signal\n"
-        "from verl_ext.interrupt import run_main\n"
-        "def main():\n"
-        "    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        signal.pause()\n"
-        "    except KeyboardInterrupt:\n"
-        "        raise KeyboardInterrupt('ray.get') from None\n"
-        "run_main('prog', main)\n"
-    )
-    r = subprocess.run([PY, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
-    assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
-
-
 def _run_script(script: str, cwd: Path = REPO, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     r = subprocess.run([PY, "-c", script], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
     return r, time.monotonic() - t0
 
 
-# main() interrupted by SIGINT (a library turns the interrupt into its own error, or catches it and returns)
-_AFTER_SIGINT = (
-    "import os, signal, sys\n"
+# main() gets a signal, and a library does {then} with the interrupt it raised
+_AFTER_SIGNAL = (
+    "import os, signal, time\n"
     "from verl_ext.interrupt import run_main\n"
     "def main():\n"
     "    try:\n"
-    "        os.kill(os.getpid(), signal.SIGINT)\n"
+    "        os.kill(os.getpid(), signal.{sig})\n"
     "        signal.pause()\n"
     "    except KeyboardInterrupt:\n"
     "        {then}\n"
-    "run_main('prog', main)\n"
+    "run_main('prog', main, deadline=2.0)\n"
 )
+
+
+def test_sigterm_stays_sigterm_when_a_library_reraises_a_plain_keyboard_interrupt():
+    """Ray's ray.get turns the handler's Interrupted into a plain KeyboardInterrupt: the command still
+    reports SIGTERM and exits 143 (before: 'interrupted (SIGINT)', exit 130, on the GPU launch path)."""
+    r, _ = _run_script(_AFTER_SIGNAL.format(sig="SIGTERM", then="raise KeyboardInterrupt('ray.get') from None"))
+    assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
 
 
 @pytest.mark.parametrize(
@@ -244,25 +233,14 @@ _AFTER_SIGINT = (
 def test_an_interrupt_a_library_turns_into_an_error_or_a_return_still_ends_as_the_signal(then):
     """The GPU launch path, SIGINT under load, once ended with exit 1 and no line (its /dev/shm segments left):
     whatever comes out of main after the signal, the command ends as interrupted, exit 130, one line."""
-    r, _ = _run_script(_AFTER_SIGINT.format(then=then))
+    r, _ = _run_script(_AFTER_SIGNAL.format(sig="SIGINT", then=then))
     assert r.returncode == 130 and r.stderr.strip() == "prog: interrupted (SIGINT); stopped", r.stderr
 
 
 def test_an_interrupt_a_library_swallows_ends_at_the_deadline():
     """main catches the interrupt and goes on working: the watchdog ends the command ``deadline`` s after the
     signal, with the one line and 128 + signal (before: it ran on)."""
-    script = (
-        "import os, signal, time\n"
-        "from verl_ext.interrupt import run_main\n"
-        "def main():\n"
-        "    try:\n"
-        "        os.kill(os.getpid(), signal.SIGTERM)\n"
-        "        signal.pause()\n"
-        "    except KeyboardInterrupt:\n"
-        "        time.sleep(120)\n"
-        "run_main('prog', main, deadline=2.0)\n"
-    )
-    r, seconds = _run_script(script)
+    r, seconds = _run_script(_AFTER_SIGNAL.format(sig="SIGTERM", then="time.sleep(120)"))
     assert r.returncode == 143 and r.stderr.strip() == "prog: interrupted (SIGTERM); stopped", r.stderr
     assert 2.0 <= seconds < 20, seconds
 

@@ -700,18 +700,26 @@ def _power_text(plan, gain: float) -> str:
     )
 
 
-def primary(study: Study, tuned: dict[str, float]) -> str:
+def primary_runs(study: Study, tuned: dict[str, float], n_seeds: int) -> tuple[list[int], list[str], dict]:
+    """The primary family's runs: the first ``n_seeds`` of the seed pool (spent once run), the reference and
+    each method at its tuned lr; returns (seeds, methods, {(method, seed): run}), budgets checked equal."""
     pr = study.p.primary
-    if "mde" in pr.get("power", {}):
-        return primary_endpoints(study, tuned)
-    plan, gain = power_plan(study, tuned)
-    seeds = [int(s) for s in pr["seed_pool"][: plan.n_seeds]]
+    seeds = [int(s) for s in pr["seed_pool"][:n_seeds]]
     methods = [pr["reference"], *pr["methods"]]
     if study.jobs:
         study.ledger.spend(study.p.hash, "primary", seeds)
     jobs = [(m, study.config(m, tuned[m], s)) for m in methods for s in seeds]
     runs = {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("primary", jobs), strict=True)}
     equal_budgets("primary", {s: {m: runs[(m, s)] for m in methods} for s in seeds})
+    return seeds, methods, runs
+
+
+def primary(study: Study, tuned: dict[str, float]) -> str:
+    pr = study.p.primary
+    if "mde" in pr.get("power", {}):
+        return primary_endpoints(study, tuned)
+    plan, gain = power_plan(study, tuned)
+    seeds, methods, runs = primary_runs(study, tuned, plan.n_seeds)
     th, ref = study.p.solvable, pr["reference"]
     diffs = family_diffs(study, runs, seeds)
     table, _ = family_table(diffs, float(pr.get("alpha", 0.05)))
@@ -771,13 +779,7 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
     runs' per-prompt outcomes."""
     pr, ep = study.p.primary, study.p.endpoints
     plan = endpoint_plan(study, tuned)
-    seeds = [int(s) for s in pr["seed_pool"][: plan.n_seeds]]
-    methods = [pr["reference"], *pr["methods"]]
-    if study.jobs:
-        study.ledger.spend(study.p.hash, "primary", seeds)
-    jobs = [(m, study.config(m, tuned[m], s)) for m in methods for s in seeds]
-    runs = {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("primary", jobs), strict=True)}
-    equal_budgets("primary", {s: {m: runs[(m, s)] for m in methods} for s in seeds})
+    seeds, methods, runs = primary_runs(study, tuned, plan.n_seeds)
     alpha = plan.rule.alpha
     table, _ = family_table(family_diffs(study, runs, seeds), alpha)
     names = list(ep)
