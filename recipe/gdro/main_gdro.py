@@ -191,11 +191,11 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     try:
         run_ppo(config, task_runner_class=task_runner)
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
-        if not task_runner.watch.claim():  # the watch is ending the run over a lost node: its line is the one
-            threading.Event().wait()
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
         lost = _lost_nodes(e, task_runner.nodes_at_start)
+        if not task_runner.watch.claim():  # the watch is ending the run over a lost node: its line is the one
+            threading.Event().wait()
         if lost:
             print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=stderr, flush=True)
             return 1
@@ -260,9 +260,10 @@ class _LostNodeWatch:
 def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wait: float = 20.0) -> list[dict]:
     """The Ray nodes of this run that are dead (``ray.nodes()``; of ``nodes_at_start``, the nodes alive when the
     run started, when known: a node lost before, still listed dead, is not this run's), when Ray is still
-    connected. An actor that died or became unreachable often reaches the driver before Ray's GCS marks its
-    node dead (measured: ~10 s after a node was killed), so for such an error the GCS is asked again for
-    ``wait`` s."""
+    connected. An actor that died or became unreachable, or on several nodes any error, often reaches the
+    driver before Ray's GCS marks its node dead (measured: ~10 s after a node was killed), so for such an
+    error the GCS is asked again for ``wait`` s (on several nodes an error unrelated to a node is reported
+    that much later)."""
     try:
         import time
 
@@ -279,7 +280,10 @@ def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wa
             cause = getattr(error, "cause", None)
             error = cause if isinstance(cause, BaseException) else (error.__cause__ or error.__context__)
         node_fault = any(isinstance(e, faults) for e in chain)
-        deadline = time.monotonic() + (wait if node_fault else 0.0)
+        # On several nodes any error may be a lost node's: the surviving FSDP rank fails first, in a collective
+        # ("Connection reset by peer", a plain RuntimeError), seconds before Ray's GCS marks the node dead.
+        several = nodes_at_start is not None and len(nodes_at_start) > 1
+        deadline = time.monotonic() + (wait if node_fault or several else 0.0)
         while True:
             lost = [
                 n

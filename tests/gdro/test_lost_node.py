@@ -6,6 +6,7 @@ are replaced here; tests/gdro/test_two_nodes.py runs the real thing."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -60,3 +61,23 @@ def test_a_run_that_ends_within_the_grace_is_left_to_report_itself(watched):
     assert watch.claim() is True  # the run's error path reports the lost node itself
     time.sleep(0.6)
     assert ended == []
+
+
+def test_an_error_on_several_nodes_waits_for_ray_to_name_the_lost_node(watched, monkeypatch):
+    """The surviving FSDP rank's collective fails ('Connection reset by peer', a plain RuntimeError) seconds
+    before Ray's GCS marks the killed node dead: on several nodes any error waits for that (before: no
+    lost-node line, Hydra's traceback and exit 1, seen in CI on a kill during the update)."""
+    _, nodes, _ = watched
+    monkeypatch.setattr("ray.is_initialized", lambda: True)
+    error = RuntimeError("gloo: Read error: Connection reset by peer")
+    t0 = time.monotonic()
+    assert main_gdro._lost_nodes(error, {"a" * 56}, wait=0.5) == []  # one node: reported at once, as it is
+    assert time.monotonic() - t0 < 0.5
+
+    def mark_dead():
+        time.sleep(0.3)
+        nodes[1]["Alive"] = False
+
+    threading.Thread(target=mark_dead).start()
+    lost = main_gdro._lost_nodes(error, {"a" * 56, "b" * 56}, wait=5.0)
+    assert [n["NodeID"] for n in lost] == ["b" * 56]
