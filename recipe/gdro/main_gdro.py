@@ -238,11 +238,10 @@ class _LostNodeWatch:
             return not self._fired
 
     def _run(self) -> None:
-        import ray
 
         while not self._stopped.wait(self._poll):
             try:
-                lost = [n for n in ray.nodes() if n.get("NodeID") in self._nodes and not n.get("Alive", True)]
+                lost = _dead_nodes(self._nodes)
             except Exception:  # noqa: BLE001 - the GCS busy or gone: asked again, the run's own path may end it
                 continue
             if not lost:
@@ -255,6 +254,13 @@ class _LostNodeWatch:
                 self._fired = True
             detail = f"the run did not stop within {self._grace:.0f} s of Ray marking the node dead"
             end_process(f"main_gdro: error: {_lost_node_line(self._config, lost, None, detail)}", 1)
+
+
+def _dead_nodes(among: set[str] | None) -> list[dict]:
+    """The nodes ``ray.nodes()`` lists dead, of ``among`` (node ids) when given."""
+    import ray
+
+    return [n for n in ray.nodes() if not n.get("Alive", True) and (among is None or n.get("NodeID") in among)]
 
 
 def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wait: float = 20.0) -> list[dict]:
@@ -285,11 +291,7 @@ def _lost_nodes(error: BaseException, nodes_at_start: set[str] | None = None, wa
         several = nodes_at_start is not None and len(nodes_at_start) > 1
         deadline = time.monotonic() + (wait if node_fault or several else 0.0)
         while True:
-            lost = [
-                n
-                for n in ray.nodes()
-                if not n.get("Alive", True) and (nodes_at_start is None or n.get("NodeID") in nodes_at_start)
-            ]
+            lost = _dead_nodes(nodes_at_start)
             if lost or time.monotonic() >= deadline:
                 return lost
             time.sleep(1.0)
@@ -316,22 +318,19 @@ def _lost_node_line(config: DictConfig, lost: list[dict], error: BaseException |
 
 
 def _last_logged_step(metrics_path: str) -> int | None:
-    """The last step the run's metrics file (``gdro.metrics_file``, one JSON line a step) holds, or None (no
-    file, none written yet). Only its tail is read."""
-    import json
+    """The last step the run's metrics file (``gdro.metrics_file``) holds, or None (no file, none written
+    yet, unreadable): read by the project's reader, its warnings kept off the one line."""
+    import warnings
+
+    from recipe.gdro.results.metrics_io import read_metrics_jsonl
 
     try:
-        with open(metrics_path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            rows = read_metrics_jsonl(metrics_path)
+    except (OSError, ValueError):
         return None
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return None
+    return int(rows[-1]["step"]) if rows else None
 
 
 class _NoWatch:
