@@ -34,7 +34,11 @@ from recipe.gdro.results.stats import PowerRule
 from verl_ext.atomic import atomic_replace
 
 PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
-TINY_LM_PROTOCOL = PROTOCOL_DIR / "tiny_lm.yaml"
+TINY_LM_V1 = PROTOCOL_DIR / "tiny_lm.yaml"  # issue 26's study; its runs and report stay as committed
+TINY_LM_PROTOCOL = PROTOCOL_DIR / "tiny_lm_v2.yaml"  # the current one (issue 33): the CLI's default
+# An arm's lr_scale may name this instead of a number: the reference's mean weighted-advantage token
+# mass over the method's, both at their tuned settings on every tuning seed (equal step size).
+MASS_SCALE = "reference_mass"
 METRICS = ("final_exact", "final_exact_worst", "final_sampled", "final_sampled_worst")
 
 
@@ -47,7 +51,7 @@ class Arm:
     name: str
     method: str
     gdro: dict[str, Any] = field(default_factory=dict)
-    lr_scale: float = 1.0
+    lr_scale: float | str = 1.0  # a multiplier of the method's tuned lr, or MASS_SCALE
     warm_start: int = 0
     control: bool = False
 
@@ -93,6 +97,11 @@ class Protocol:
         return {name: Endpoint.from_dict(name, spec or {}) for name, spec in (self.data.get("endpoints") or {}).items()}
 
     @property
+    def results(self) -> str | None:
+        """The results folder the protocol declares (repo-relative), or None (the CLI's default)."""
+        return self.data.get("results")
+
+    @property
     def solvable(self) -> float:
         return float(self.data.get("solvable", 0.1))
 
@@ -122,6 +131,8 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
     for key in ("shape", "tuning", "primary", "explore", "confirm", "long"):
         if not isinstance(data.get(key), dict):
             _fail(path, key, "missing section (a mapping)")
+    if "results" in data and not (isinstance(data["results"], str) and data["results"]):
+        _fail(path, "results", f"{data['results']!r}: a folder (relative to the repository)")
     known = set(method_names())
     tuning = data["tuning"]
     for key in ("seeds", "lr_grid", "methods"):
@@ -135,6 +146,23 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
             _fail(path, f"tuning.lr_grid[{i}]", f"{lr!r} is not a number")
         if not (math.isfinite(tuning["lr_grid"][i]) and tuning["lr_grid"][i] > 0):
             _fail(path, f"tuning.lr_grid[{i}]", f"{lr!r}: an lr must be a finite number > 0")
+    if not isinstance(tuning.get("extend", 0), int) or tuning.get("extend", 0) < 0:
+        _fail(path, "tuning.extend", f"{tuning.get('extend')!r}: extensions of the lr grid per side, an integer >= 0")
+    if tuning.get("extend") and len(tuning["lr_grid"]) < 2:
+        _fail(path, "tuning.extend", "extending the grid needs at least two lrs (their ratio is the step)")
+    shapes = tuning.get("reference_shapes")
+    if shapes is not None:
+        if not isinstance(shapes, list) or not shapes:
+            _fail(path, "tuning.reference_shapes", "a non-empty list of {prompts, n}")
+        sizes = set()
+        for i, shape in enumerate(shapes):
+            if not isinstance(shape, dict) or set(shape) != {"prompts", "n"}:
+                _fail(path, f"tuning.reference_shapes[{i}]", f"{shape!r}: a mapping of exactly prompts and n")
+            if not all(isinstance(v, int) and v > 0 for v in shape.values()):
+                _fail(path, f"tuning.reference_shapes[{i}]", f"{shape!r}: prompts and n are integers > 0")
+            sizes.add(shape["prompts"] * shape["n"])
+        if len(sizes) > 1:  # the reference is tuned at equal rollouts per step
+            _fail(path, "tuning.reference_shapes", f"prompts x n differ: {sorted(sizes)}; keep it equal")
     for m in [*tuning["methods"], data["primary"].get("reference"), *data["primary"].get("methods", [])]:
         if m not in known:
             _fail(path, "methods", f"{m!r} is not in config/method/ ({', '.join(sorted(known))})")
@@ -178,6 +206,8 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
             _fail(path, f"explore.arms[{i}]", f"{e}")
         if arm.method not in tuned:
             _fail(path, f"explore.arms[{i}].method", f"{arm.method!r} is not a tuned method")
+        if isinstance(arm.lr_scale, str) and arm.lr_scale != MASS_SCALE:
+            _fail(path, f"explore.arms[{i}].lr_scale", f"{arm.lr_scale!r}: a number or {MASS_SCALE}")
         if arm.name in names:
             _fail(path, f"explore.arms[{i}].name", f"{arm.name!r} appears twice")
         names.add(arm.name)
@@ -186,6 +216,7 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
             _fail(path, "long.methods", f"{m!r} is not a tuned method")
     roles = {
         "tuning.seeds": tuning["seeds"],
+        "tuning.power_seeds": tuning.get("power_seeds", []),
         "primary.seed_pool": data["primary"]["seed_pool"],
         "explore.seeds": data["explore"].get("seeds", []),
         "confirm.seeds": data["confirm"].get("seeds", []),

@@ -386,6 +386,9 @@ class Study:
         self.jobs = jobs
         self.device = device
         self.log = log
+        # the reference's tuned (prompts, n) when the protocol tunes it (tuning.reference_shapes): set by
+        # tune(), and every later run of any method takes it (equal prompts per step and n̄)
+        self.tuned_shape: dict[str, int] = {}
         # the run code's provenance when runs may be made; a report (jobs 0) reads runs of any code
         self.legacy = protocol.hash in PRE_PROVENANCE
         self.code = None if jobs == 0 or self.legacy else {**code_state(REPO, RUN_CODE), "libraries": libraries()}
@@ -402,8 +405,9 @@ class Study:
                 "note: the run code has uncommitted changes: runs made now say so in their files, and report names them"
             )
 
-    def config(self, method: str, lr: float, seed: int, **kw: Any) -> dict[str, Any]:
-        return run_config(self.p, method, lr, seed, device=self.device, code=self.code, **kw)
+    def config(self, method: str, lr: float, seed: int, shape: dict[str, Any] | None = None, **kw: Any):
+        shape = {**self.tuned_shape, **(shape or {})} or None
+        return run_config(self.p, method, lr, seed, device=self.device, code=self.code, shape=shape, **kw)
 
     def runs(self, stage: str, jobs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """Summaries of ``jobs`` ((arm label, config) pairs), running the missing ones."""
@@ -563,36 +567,161 @@ PRIMARY_COLUMNS = ("comparison", "mean diff vs GRPO", "95% CI", "seeds", "p", "p
 
 
 # ------------------------------------------------------------------------------------------- stages
-def tune(study: Study) -> tuple[dict[str, float], str]:
-    """Each method's lr (best mean final_exact over the tuning seeds; ties: the smaller lr) and its table."""
+def shape_label(shape: dict[str, Any]) -> str:
+    return f"{shape['prompts']} x {shape['n']}" if shape else ""
+
+
+def tune_series(study: Study, series: list[tuple[str, dict[str, Any]]]) -> list[dict[float, list[float]]]:
+    """Each (method, shape) series' ``final_exact`` per lr over the tuning seeds: the protocol's grid,
+    then, while a series' best lr (ties: the smaller) lies on its grid's edge, one more lr beyond that
+    edge at the grid's ratio (``tuning.extend`` times at most per side), so every choice is bracketed
+    or the extension's limit is reported."""
     t = study.p.tuning
-    jobs = [(m, study.config(m, lr, s)) for m in t["methods"] for lr in t["lr_grid"] for s in t["seeds"]]
-    runs = study.runs("tune", jobs)
-    score: dict[str, dict[float, list[float]]] = {m: {} for m in t["methods"]}
-    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
-    for (m, c), r in zip(jobs, runs, strict=True):
-        score[m].setdefault(float(c["direct"]["lr"]), []).append(r["final_exact"])
-        by_seed.setdefault(r["seed"], {})[f"{m} lr={r['lr']:g}"] = r
-    equal_budgets("tune", by_seed)
-    tuned = {m: choose_lr(score[m], prefer="smaller") for m in t["methods"]}
-    rows = [[m, *(f"{np.mean(score[m][float(lr)]):.4f}" for lr in t["lr_grid"]), f"{tuned[m]:g}"] for m in t["methods"]]
-    base = float(np.mean([r["base_exact"] for r in runs]))
+    grid = [float(lr) for lr in t["lr_grid"]]
+    ratio = grid[1] / grid[0] if len(grid) > 1 else 1.0
+    limit = int(t.get("extend", 0))
+    seeds = t["seeds"]
+    lrs = [list(grid) for _ in series]
+    extended = [{"low": 0, "high": 0} for _ in series]
+    scores: list[dict[float, list[float]]] = [{} for _ in series]
+    todo = [(i, lr) for i in range(len(series)) for lr in grid]
+    while todo:
+        jobs = [(series[i][0], study.config(series[i][0], lr, s, shape=series[i][1])) for i, lr in todo for s in seeds]
+        runs = iter(study.runs("tune", jobs))
+        for i, lr in todo:
+            scores[i][lr] = [next(runs)["final_exact"] for _ in seeds]
+        todo = []
+        for i in range(len(series)):
+            best = choose_lr(scores[i], prefer="smaller")
+            for side, edge, step in (("low", min(lrs[i]), 1 / ratio), ("high", max(lrs[i]), ratio)):
+                if best == edge and extended[i][side] < limit:
+                    extended[i][side] += 1
+                    lrs[i].append(edge * step)
+                    todo.append((i, edge * step))
+    return scores
+
+
+def tune(study: Study) -> tuple[dict[str, float], str]:
+    """Each method's lr (best mean final_exact over the tuning seeds; ties: the smaller lr; grids
+    extended at an edge, :func:`tune_series`) and its table. With ``tuning.reference_shapes`` the
+    reference is tuned over (prompts, n) too, at equal rollouts per step, and every other method runs
+    at the reference's tuned shape (``study.tuned_shape``). With ``tuning.power_seeds`` each method
+    also runs at its tuned settings on those seeds (the power plan's extra seeds)."""
+    t = study.p.tuning
     ref = study.p.primary.get("reference", "grpo")
-    grpo = [r for (m, _), r in zip(jobs, runs, strict=True) if m == ref and r["lr"] == tuned[m]]
+    shapes = t.get("reference_shapes") or [{}]
+    study.tuned_shape = {}
+    ref_scores = tune_series(study, [(ref, shape) for shape in shapes])
+    best = [choose_lr(sc, prefer="smaller") for sc in ref_scores]
+    means = [float(np.mean(sc[lr])) for sc, lr in zip(ref_scores, best, strict=True)]
+    pick = max(range(len(shapes)), key=lambda i: (means[i], -i))  # ties: the first declared shape
+    study.tuned_shape = dict(shapes[pick])
+    others = [m for m in t["methods"] if m != ref]
+    other_scores = tune_series(study, [(m, {}) for m in others])
+    tuned = {ref: best[pick]}
+    tuned.update({m: choose_lr(sc, prefer="smaller") for m, sc in zip(others, other_scores, strict=True)})
+    series = [(ref, shape, sc) for shape, sc in zip(shapes, ref_scores, strict=True)]
+    series += [(m, study.tuned_shape, sc) for m, sc in zip(others, other_scores, strict=True)]
+    all_lrs = sorted({lr for _, _, sc in series for lr in sc})
+    rows = []
+    for m, shape, sc in series:
+        label = f"{m} ({shape_label(shape)})" if shape else m
+        chosen = choose_lr(sc, prefer="smaller")
+        mark = "" if m != ref or shape == study.tuned_shape or not study.tuned_shape else " (not chosen)"
+        rows.append([label, *(f"{np.mean(sc[lr]):.4f}" if lr in sc else "–" for lr in all_lrs), f"{chosen:g}{mark}"])
+    edge = [f"{m} at {tuned[m]:g}" for m in t["methods"] if tuned[m] in (min(sc_of(series, m)), max(sc_of(series, m)))]
+    runs = _tuned_runs(study, tuned)
+    base = float(np.mean([r["base_exact"] for r in runs.values()]))
+    grpo = [runs[(ref, s)] for s in t["seeds"]]
+    shape_line = (
+        f"The reference's shape (prompts x n, {shapes[0]['prompts'] * shapes[0]['n']} rollouts a step) is tuned with "
+        f"its lr: {shape_label(study.tuned_shape)} chosen; every other method runs at it."
+        if study.tuned_shape
+        else ""
+    )
+    rule = (
+        f" on the validation prompts; a grid is extended by its ratio while the best lr is on its edge, at most "
+        f"{t['extend']} extension{'s' * (t['extend'] != 1)} a side"
+        if t.get("extend")
+        else ""
+    )
     lines = [
-        f"Tuning (seeds {t['seeds']}; mean final exact probability; base {base:.4f}):",
+        f"Tuning (seeds {t['seeds']}; mean final exact probability{rule}; base {base:.4f}):",
         "",
-        *markdown_table(["method", *(f"lr {lr:g}" for lr in t["lr_grid"]), "chosen"], rows),
+        *markdown_table(["method", *(f"lr {lr:g}" for lr in all_lrs), "chosen"], rows),
         "",
+        *([shape_line, ""] if shape_line else []),
+        *(
+            [f"On the edge of the extended grid (not bracketed): {', '.join(edge)}.", ""]
+            if edge and t.get("extend")
+            else []
+        ),
         baseline_line(study, grpo),
     ]
+    if t.get("power_seeds"):
+        lines += ["", tuned_settings_text(study, tuned, runs)]
     return tuned, "\n".join(lines)
+
+
+def sc_of(series, method: str) -> list[float]:
+    """The lrs run for ``method``'s chosen series (the reference's tuned shape)."""
+    for m, _shape, sc in series[::-1]:
+        if m == method:
+            return list(sc)
+    return []
+
+
+def tuning_seeds(study: Study) -> list[int]:
+    """Every tuning seed: the grid's seeds, then ``tuning.power_seeds`` (run at the tuned settings only)."""
+    t = study.p.tuning
+    return [*t["seeds"], *t.get("power_seeds", [])]
 
 
 def _tuned_runs(study: Study, tuned: dict[str, float]) -> dict[tuple[str, int], dict[str, Any]]:
     t = study.p.tuning
-    jobs = [(m, study.config(m, tuned[m], s)) for m in t["methods"] for s in t["seeds"]]
+    jobs = [(m, study.config(m, tuned[m], s)) for m in t["methods"] for s in tuning_seeds(study)]
     return {(m, c["direct"]["seed"]): r for (m, c), r in zip(jobs, study.runs("tune", jobs), strict=True)}
+
+
+def mass_ratio(study: Study, tuned: dict[str, float], method: str) -> float:
+    """The reference's mean weighted-advantage token mass over ``method``'s, both at their tuned settings
+    on every tuning seed: the lr multiplier of an arm at the reference's step size (protocol MASS_SCALE)."""
+    runs = _tuned_runs(study, tuned)
+    ref = study.p.primary.get("reference", "grpo")
+
+    def mass(m: str) -> float:
+        return float(np.mean([runs[(m, s)]["weighted_adv_token_mass"] for s in tuning_seeds(study)]))
+
+    return mass(ref) / mass(method)
+
+
+def arm_lr(study: Study, tuned: dict[str, float], arm) -> float:
+    """An arm's lr: its method's tuned lr times ``lr_scale`` (a number, or the mass ratio)."""
+    from recipe.gdro.experiments.protocol import MASS_SCALE
+
+    scale = mass_ratio(study, tuned, arm.method) if arm.lr_scale == MASS_SCALE else float(arm.lr_scale)
+    return tuned[arm.method] * scale
+
+
+def tuned_settings_text(study: Study, tuned: dict[str, float], runs) -> str:
+    """Each method at its tuned settings over every tuning seed: the endpoints on the validation prompts
+    and the weighted-advantage token mass (the step size the mass-normalised arms equalise)."""
+    seeds = tuning_seeds(study)
+    rows = []
+    for m in study.p.tuning["methods"]:
+        rs = [runs[(m, s)] for s in seeds]
+        rows.append(
+            [
+                f"{m} (lr {tuned[m]:g})",
+                f"{np.mean([r['final_exact'] for r in rs]):.4f}",
+                *endpoint_cells(study, rs),
+                f"{np.mean([r['weighted_adv_token_mass'] for r in rs]):,.0f}",
+            ]
+        )
+    head = ["method", "final exact", *(f"{n} (val)" for n in study.p.endpoints), "weighted-advantage token mass"]
+    return "\n".join(
+        [f"At the tuned settings, over every tuning seed ({seeds}; means):", "", *markdown_table(head, rows)]
+    )
 
 
 def endpoints_on(study: Study, split: str | None) -> dict[str, Endpoint]:
@@ -633,7 +762,7 @@ def endpoint_plan(study: Study, tuned: dict[str, float]):
     mdes = power.pop("mde")
     rule = PowerRule(**{"alpha": float(pr.get("alpha", PowerRule.alpha)), **power})
     rule = PowerRule(**{**rule.__dict__, "max_seeds": min(rule.max_seeds, len(pr["seed_pool"]))})
-    seeds = study.p.tuning["seeds"]
+    seeds = tuning_seeds(study)
     diffs = family_diffs(study, _tuned_runs(study, tuned), seeds, split="val")  # the test split is not read
     by_endpoint = {e: [diffs[f"{m} {e}"] for m in pr["methods"]] for e in pr["metrics"]}
     try:
@@ -798,6 +927,15 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
             ]
         )
     described = "; ".join(f"{n}: {e.describe()}" for n, e in ep.items())
+    diffs = family_diffs(study, runs, seeds)
+    observed_sd = {e: pooled_sd({m: diffs[f"{m} {e}"] for m in pr["methods"]}) for e in pr["metrics"]}
+    planned = {e.endpoint: e.sd.upper for e in plan.endpoints}
+    observed_line = (
+        "Observed per-seed SD of the paired differences on the evaluation seeds (test split; in brackets the "
+        "planning bound from the tuning seeds): "
+        + ", ".join(f"{e} {observed_sd[e]:.4f} ({planned[e]:.4f})" for e in pr["metrics"])
+        + "."
+    )
     return "\n".join(
         [
             _endpoint_plan_text(plan),
@@ -811,8 +949,83 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
             f"Per method (means over the evaluation seeds; endpoints from the per-prompt outcomes: {described}):",
             "",
             *markdown_table(["method", *names, "weighted-advantage token mass", "tokens"], rows),
+            "",
+            observed_line,
+            "",
+            pass_at_k_text(study, tuned, seeds, methods, runs),
         ]
     )
+
+
+# pass@k over k = 1..32 on the test split: the figure (PASS_AT_K_FIGURE in the results folder) and its table
+PASS_AT_K = tuple(range(1, 33))
+PASS_AT_K_TABLE = (1, 2, 4, 8, 16, 32)
+PASS_AT_K_FIGURE = "pass_at_k.svg"
+
+
+def pass_at_k_panels(study: Study, seeds, methods, runs) -> dict[str, dict[str, np.ndarray]]:
+    """pass@k (seeds x k) of each method on the test split: every prompt, and each declared tail."""
+    from recipe.gdro.results.outcomes import outcomes, pass_at_k
+
+    sets = {"test split": None, **{n: e.tail for n, e in study.p.endpoints.items() if e.tail is not None}}
+    panels: dict[str, dict[str, np.ndarray]] = {}
+    for label, tail in sets.items():
+        by_method = {}
+        for m in methods:
+            rows = []
+            for s in seeds:
+                final, base = outcomes(runs[(m, s)], "test", "final"), outcomes(runs[(m, s)], "test", "base")
+                p = final.p if tail is None else final.p[tail.members(base)]
+                rows.append([pass_at_k(p, k) for k in PASS_AT_K])
+            by_method[m] = np.asarray(rows)
+        name = label if tail is None else f"{label.replace(' pass@8', '')} ({tail.describe()})"
+        panels[name] = by_method
+    return panels
+
+
+def pass_at_k_text(study: Study, tuned, seeds, methods, runs) -> str:
+    """The table behind the figure: mean pass@k on the test split per method, and each method minus the
+    reference with its paired 95% CI (unadjusted), at k = 1, 2, 4, ..., 32."""
+    ref = study.p.primary["reference"]
+    lines = [
+        f"pass@k on the test split (figure: {PASS_AT_K_FIGURE}; differences unadjusted, paired over seeds {seeds}):",
+        "",
+    ]
+    for name, by in pass_at_k_panels(study, seeds, methods, runs).items():
+        rows = []
+        for m, values in by.items():
+            cells = []
+            for k in PASS_AT_K_TABLE:
+                j = PASS_AT_K.index(k)
+                if m == ref:
+                    cells.append(f"{values[:, j].mean():.4f}")
+                else:
+                    mean, lo, hi, _ = paired_ci(values[:, j], by[ref][:, j])
+                    ci = f" [{lo:+.4f}, {hi:+.4f}]" if math.isfinite(lo) else ""
+                    cells.append(f"{values[:, j].mean():.4f} ({mean:+.4f}{ci})")
+            rows.append([f"{m} (lr {tuned[m]:g})", *cells])
+        lines += [f"{name}:", "", *markdown_table(["method", *(f"pass@{k}" for k in PASS_AT_K_TABLE)], rows), ""]
+    return "\n".join(lines).rstrip()
+
+
+def pass_at_k_figure(study: Study, tuned: dict[str, float]) -> str | None:
+    """The pass@k figure's SVG (plot.pass_at_k_svg) from the primary runs; None before they exist or
+    for a protocol without endpoints on the test split."""
+    from recipe.gdro.results.plot import pass_at_k_svg
+
+    if "mde" not in study.p.primary.get("power", {}) or not int(study.p.shape.get("num_test", 0)):
+        return None
+    try:
+        plan = endpoint_plan(study, tuned)
+        seeds, methods, runs = primary_runs(study, tuned, plan.n_seeds)
+    except MissingRuns:
+        return None
+    title = (
+        f"{study.p.data.get('name', '')}: exact pass@k on the held-out test split, {len(seeds)} evaluation seeds "
+        f"({shape_label(study.tuned_shape) or study.p.shape['prompts']} prompts x rollouts a step, "
+        f"{study.p.shape['steps']} steps)"
+    )
+    return pass_at_k_svg(PASS_AT_K, pass_at_k_panels(study, seeds, methods, runs), study.p.primary["reference"], title)
 
 
 def _explore_runs(study: Study, tuned: dict[str, float]):
@@ -821,7 +1034,7 @@ def _explore_runs(study: Study, tuned: dict[str, float]):
     seeds = [int(s) for s in ex["seeds"]]
     jobs = [(f"{ref} (reference)", study.config(ref, tuned[ref], s)) for s in seeds]
     for arm in study.p.arms():
-        lr = tuned[arm.method] * arm.lr_scale
+        lr = arm_lr(study, tuned, arm)
         jobs += [(arm.name, study.config(arm.method, lr, s, gdro=arm.gdro, warm_start=arm.warm_start)) for s in seeds]
     runs = {(a, c["direct"]["seed"]): r for (a, c), r in zip(jobs, study.runs("explore", jobs), strict=True)}
     ref_runs = {s: runs[(f"{ref} (reference)", s)] for s in seeds}
@@ -919,7 +1132,7 @@ def confirm(study: Study, tuned: dict[str, float]) -> str:
     if study.jobs:
         study.ledger.spend(study.p.hash, "confirm", seeds)
     ref = study.p.explore.get("reference", "grpo")
-    lr = tuned[arm.method] * arm.lr_scale
+    lr = arm_lr(study, tuned, arm)
     jobs = [(f"{ref} (reference)", study.config(ref, tuned[ref], s)) for s in seeds]
     jobs += [(arm.name, study.config(arm.method, lr, s, gdro=arm.gdro, warm_start=arm.warm_start)) for s in seeds]
     runs = {(a, c["direct"]["seed"]): r for (a, c), r in zip(jobs, study.runs("confirm", jobs), strict=True)}
@@ -944,6 +1157,8 @@ def confirm(study: Study, tuned: dict[str, float]) -> str:
 
 def long_regimes(study: Study, tuned: dict[str, float]) -> str:
     lg = study.p.long
+    if not lg.get("regimes"):
+        return "None declared."
     seeds, methods = [int(s) for s in lg["seeds"]], lg["methods"]
     lines: list[str] = []
     for regime, shape in lg["regimes"].items():
@@ -977,7 +1192,7 @@ def cold_start(study: Study, tuned: dict[str, float]) -> str:
     runs = _tuned_runs(study, tuned)
     rows = []
     for m in study.p.tuning["methods"]:
-        rs = [runs[(m, s)] for s in study.p.tuning["seeds"]]
+        rs = [runs[(m, s)] for s in tuning_seeds(study)]
         steps = np.mean([r["steps_trained"] for r in rs])
         cold = np.mean([r["all_unseen_steps"] for r in rs])
         rows.append(
@@ -1039,6 +1254,16 @@ def report(study: Study) -> str:
     return "\n".join(parts)
 
 
+def report_figure(study: Study) -> str | None:
+    """The pass@k figure from the stored runs only (None: no primary runs yet, or a protocol without it)."""
+    quiet = Study(study.p, study.results, jobs=0, device=study.device, log=lambda *_: None)
+    try:
+        tuned, _ = tune(quiet)
+    except MissingRuns:
+        return None
+    return pass_at_k_figure(quiet, tuned)
+
+
 def _write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_replace(path, "w") as f:
@@ -1053,10 +1278,21 @@ def main(argv=None) -> int:
     )
     p.add_argument("stage", choices=STAGES)
     p.add_argument("--protocol", default=str(TINY_LM_PROTOCOL), help="the protocol file (YAML)")
-    p.add_argument("--results", default=str(DEFAULT_RESULTS), help="runs/, spent_seeds.yaml and REPORT.md")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="runs/, spent_seeds.yaml, REPORT.md (default: the protocol's results: folder, else results/tiny_lm_study)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (recorded in each run's config)")
     args = p.parse_args(argv)
+    if args.results is None:
+        try:
+            declared = load_protocol(args.protocol).results
+        except ProtocolError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        args.results = str(REPO / declared) if declared else str(DEFAULT_RESULTS)
     if args.jobs < 1:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
@@ -1080,6 +1316,9 @@ def main(argv=None) -> int:
             print(text if fn is None else fn(study, tuned))
         text = report(study)
         _write(study.results / "REPORT.md", text)
+        figure = report_figure(study)
+        if figure is not None:
+            _write(study.results / PASS_AT_K_FIGURE, figure)
         if args.stage == "report":
             print(text)
     except (ProtocolError, MissingRuns, BudgetMismatch, ValueError) as e:

@@ -157,6 +157,59 @@ def finish_figure(fig: Any, title: str, path: str) -> str:
     return save_figure(fig, path)
 
 
+def pass_at_k_svg(
+    ks: Sequence[int],
+    panels: Mapping[str, Mapping[str, np.ndarray]],
+    reference: str,
+    title: str,
+) -> str:
+    """The pass@k figure of a study as SVG text, the same bytes for the same input (no date, no
+    version, a fixed id salt, text as text): per panel (a set of prompts, e.g. the whole test split
+    and its hard tail) the mean pass@k over seeds of each method with its 95% t interval (top), and
+    each method minus ``reference`` with the paired 95% t interval (bottom). ``panels[name][method]``
+    is an array (seeds x len(ks)), seeds in the same order for every method (paired)."""
+    import io
+
+    from recipe.gdro.results.stats import paired_ci
+
+    plt = pyplot()
+    ks = list(ks)
+    style = {"svg.hashsalt": "pass_at_k", "svg.fonttype": "none", "font.size": 8}
+    with plt.rc_context(style):
+        fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 6.4), squeeze=False, sharex=True)
+        for col, (name, by_method) in enumerate(panels.items()):
+            top, bottom = axes[0][col], axes[1][col]
+            for i, (method, values) in enumerate(by_method.items()):
+                values = np.asarray(values, dtype=np.float64)
+                color = f"C{i}"
+                zero = np.zeros(len(values))
+                cis = [paired_ci(values[:, j], zero) for j in range(len(ks))]
+                top.plot(ks, [c[0] for c in cis], marker="o", ms=2.5, color=color, label=method)
+                top.fill_between(ks, [c[1] for c in cis], [c[2] for c in cis], color=color, alpha=0.2, lw=0)
+                if method == reference:
+                    continue
+                ref = np.asarray(by_method[reference], dtype=np.float64)
+                diffs = [paired_ci(values[:, j], ref[:, j]) for j in range(len(ks))]
+                bottom.plot(ks, [d[0] for d in diffs], marker="o", ms=2.5, color=color, label=f"{method} - {reference}")
+                bottom.fill_between(ks, [d[1] for d in diffs], [d[2] for d in diffs], color=color, alpha=0.2, lw=0)
+            bottom.axhline(0.0, color="black", lw=0.7)
+            top.set_title(f"{name}: pass@k (mean over seeds, 95% CI)")
+            bottom.set_title(f"{name}: difference from {reference} (paired 95% CI)")
+            bottom.set_xlabel("k")
+            for ax in (top, bottom):
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(ks, [str(k) for k in ks])
+                ax.grid(alpha=0.3)
+            top.legend(fontsize=7)
+            bottom.legend(fontsize=7)
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def log_axis(ax: Any, which: str) -> None:
     """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
