@@ -707,6 +707,8 @@ def tuned_settings_text(study: Study, tuned: dict[str, float], runs) -> str:
     """Each method at its tuned settings over every tuning seed: the endpoints on the validation prompts
     and the weighted-advantage token mass (the step size the mass-normalised arms equalise)."""
     seeds = tuning_seeds(study)
+    tail = next((e.tail for e in study.p.endpoints.values() if e.tail is not None), None)
+    n = int(study.tuned_shape.get("n", study.p.shape["n"]))
     rows = []
     for m in study.p.tuning["methods"]:
         rs = [runs[(m, s)] for s in seeds]
@@ -715,13 +717,32 @@ def tuned_settings_text(study: Study, tuned: dict[str, float], runs) -> str:
                 f"{m} (lr {tuned[m]:g})",
                 f"{np.mean([r['final_exact'] for r in rs]):.4f}",
                 *endpoint_cells(study, rs),
+                *([all_fail_cell(rs, tail, n)] if tail is not None else []),
                 f"{np.mean([r['weighted_adv_token_mass'] for r in rs]):,.0f}",
             ]
         )
-    head = ["method", "final exact", *(f"{n} (val)" for n in study.p.endpoints), "weighted-advantage token mass"]
+    head = [
+        "method",
+        "final exact",
+        *(f"{name} (val)" for name in study.p.endpoints),
+        *([f"tail groups of {n} all failing (val, base -> final)"] if tail is not None else []),
+        "weighted-advantage token mass",
+    ]
     return "\n".join(
         [f"At the tuned settings, over every tuning seed ({seeds}; means):", "", *markdown_table(head, rows)]
     )
+
+
+def all_fail_cell(runs: list[dict[str, Any]], tail, n: int) -> str:
+    """The expected share of a tail's groups of ``n`` rollouts that all fail (no GRPO gradient),
+    mean_i (1 - p_i)^n over the tail's validation prompts, at the base and at the end (mean over runs)."""
+    from recipe.gdro.results.outcomes import outcomes
+
+    def share(run, at):
+        base = outcomes(run, "val", "base")
+        return float(np.mean((1 - outcomes(run, "val", at).p[tail.members(base)]) ** n))
+
+    return f"{np.mean([share(r, 'base') for r in runs]):.3f} -> {np.mean([share(r, 'final') for r in runs]):.3f}"
 
 
 def endpoints_on(study: Study, split: str | None) -> dict[str, Endpoint]:

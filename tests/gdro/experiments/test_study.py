@@ -13,15 +13,15 @@ import yaml
 from recipe_helpers.paths import REPO
 
 from recipe.gdro.experiments import study
-from recipe.gdro.experiments.protocol import Ledger, ProtocolError, load_protocol
+from recipe.gdro.experiments.protocol import TINY_LM_V1, Ledger, ProtocolError, load_protocol
 
 RESULTS = REPO / "results" / "tiny_lm_study"
 
 
 def test_the_shipped_protocol_is_valid_and_its_evaluation_seeds_are_unspent_by_other_protocols():
     """The committed ledger: no evaluation seed of the shipped protocol was spent by another protocol
-    (the pre-protocol study's seeds 0-7 included)."""
-    p = load_protocol()
+    (the pre-protocol study's seeds 0-7 included), and the current protocol (v2) spends none of v1's."""
+    p = load_protocol(TINY_LM_V1)
     ledger = Ledger(RESULTS / "spent_seeds.yaml")
     seeds = [*p.primary["seed_pool"], *p.confirm["seeds"]]
     assert ledger.conflicts(p.hash, seeds) == {}
@@ -30,12 +30,15 @@ def test_the_shipped_protocol_is_valid_and_its_evaluation_seeds_are_unspent_by_o
     assert any(a.warm_start > 0 for a in p.arms()) and any(a.control for a in p.arms())
     # exploratory arms run on seeds that tuned nothing (no winner's curse)
     assert not set(p.explore["seeds"]) & set(p.tuning["seeds"])
+    v2 = load_protocol()
+    assert ledger.conflicts(v2.hash, [*v2.primary["seed_pool"], *v2.confirm["seeds"]]) == {}
+    assert not {*v2.explore["seeds"], *v2.tuning["seeds"]} & {*p.explore["seeds"], *p.tuning["seeds"]}
 
 
 def test_the_committed_report_is_what_the_committed_runs_give():
     """README/docs tables regenerate from the repository alone: `study report` on results/tiny_lm_study
     reproduces its REPORT.md byte for byte, and every run summary holds the fields the issue names."""
-    p = load_protocol()
+    p = load_protocol(TINY_LM_V1)
     s = study.Study(p, RESULTS, jobs=0, log=lambda *_: None)
     assert study.report(s).rstrip("\n") + "\n" == (RESULTS / "REPORT.md").read_text(encoding="utf-8")
     need = {"method", "stage", "seed", "lr", "protocol_hash", "started_at", "base_exact", "final_exact"}
@@ -96,7 +99,7 @@ def test_lrs_written_without_a_dot_are_numbers(tmp_path):
     assert yaml.safe_load("[5e-5, 1.0e-4]") == ["5e-5", 1e-4]
     path = _protocol(tmp_path, tuning={**tuning, "lr_grid": ["5e-5", 1e-4]})
     assert load_protocol(path).tuning["lr_grid"] == [5e-5, 1e-4]
-    assert all(isinstance(lr, float) for lr in load_protocol().tuning["lr_grid"])
+    assert all(isinstance(lr, float) for lr in load_protocol(TINY_LM_V1).tuning["lr_grid"])
     path = _protocol(tmp_path, tuning={**tuning, "lr_grid": ["fast"]})
     with pytest.raises(ProtocolError, match=r"tuning.lr_grid\[0\]: 'fast' is not a number"):
         load_protocol(path)
@@ -238,7 +241,7 @@ def test_a_run_summary_with_a_nan_result_is_named_with_its_field(tmp_path, capsy
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / committed.name).write_text(json.dumps(stored, allow_nan=True))
-    assert study.main(["report", "--results", str(tmp_path)]) == 2
+    assert study.main(["report", "--protocol", str(TINY_LM_V1), "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (
         f"error: {runs / committed.name}: summary field 'final_exact_by_skill.add2' is nan, not a finite number: "

@@ -16,7 +16,7 @@ import yaml
 from recipe_helpers.paths import REPO
 
 from recipe.gdro.experiments import study
-from recipe.gdro.experiments.protocol import ProtocolError, load_protocol
+from recipe.gdro.experiments.protocol import TINY_LM_V1, ProtocolError, load_protocol
 from recipe.gdro.results.outcomes import Endpoint, Tail, endpoint_value, pass_at_k
 
 ENDPOINTS = {
@@ -140,7 +140,7 @@ def test_the_run_key_holds_the_resolved_method_config_and_the_code(tmp_path):
     assert store.get({**base, "code": {"commit": "b" * 40, "clean": True}}) is None
     assert store.get({**base, "code": None}) is not None
     # the v1 protocol's keys are unchanged: its committed runs are still found (test_study's report test)
-    v1 = study.run_config(load_protocol(), "grpo", 1e-4, 100, code=code)
+    v1 = study.run_config(load_protocol(TINY_LM_V1), "grpo", 1e-4, 100, code=code)
     assert "code" not in v1 and "method_config" not in v1 and "num_test" not in v1["direct"]
 
 
@@ -258,3 +258,85 @@ def test_power_plan_on_the_upper_confidence_bound_of_the_sd():
     assert all(e.mde <= e.target_mde + 1e-9 for e in plan.endpoints)
     with pytest.raises(ValueError, match="3 tuning seeds; the power plan needs at least 4"):
         plan_for_mdes({"pass@1": [[0.01, 0.0, 0.02]]}, {"pass@1": 0.01}, 1, PowerRule())
+
+
+def test_the_reference_is_tuned_over_its_shape_grids_extend_at_an_edge_and_a_mass_arm_equalises_the_step(tmp_path):
+    """tiny_lm_v2's design, end to end on a smoke protocol: GRPO tuned over (prompts, n) at equal rollouts
+    a step, every other method at its chosen shape; an lr chosen on a grid's edge extends the grid (once
+    here); power seeds run at the tuned settings only; an arm at GRPO's advantage mass runs at the method's
+    lr times the mass ratio of the tuning runs; the pass@k figure rebuilds byte for byte."""
+    shapes = [{"prompts": 4, "n": 2}, {"prompts": 2, "n": 4}]
+    tuning = {
+        "seeds": [100, 101],
+        "power_seeds": [102, 103],
+        "lr_grid": [1e-3, 2e-3],
+        "extend": 1,
+        "reference_shapes": shapes,
+        "methods": ["grpo", "rollout_gdro"],
+    }
+    arms = [{"name": "rgdro at grpo's mass", "method": "rollout_gdro", "lr_scale": "reference_mass"}]
+    proto = _protocol(tmp_path, tuning=tuning, explore={"seeds": [200], "criterion": "pass@8", "arms": arms})
+    res = tmp_path / "res"
+    args = ["--protocol", str(proto), "--results", str(res), "--jobs", "1"]
+    assert study.main(["primary", *args]) == 0 and study.main(["explore", *args]) == 0
+    runs = [json.loads(p.read_text()) for p in sorted((res / "runs").glob("*.json"))]
+    runs = [(r["summary"], r["config"]["direct"]) for r in runs if r["summary"]["stage"] != "baseline"]
+    series: dict[tuple, dict[float, list[float]]] = {}
+    for summary, direct in runs:
+        if summary["stage"] == "tune" and summary["seed"] in (100, 101):
+            key = (direct["method"], direct["prompts"], direct["n"])
+            series.setdefault(key, {}).setdefault(direct["lr"], []).append(summary["final_exact"])
+    best = {}
+    for key, by_lr in series.items():
+        assert all(len(v) == 2 for v in by_lr.values()) and set(by_lr) <= {5e-4, 1e-3, 2e-3, 4e-3}
+        means = {lr: np.mean(v) for lr, v in by_lr.items()}
+        best[key] = max(sorted(means), key=means.get)
+        lrs = sorted(by_lr)
+        # the choice is bracketed, or its side was extended as often as allowed (once)
+        assert lrs[0] < best[key] < lrs[-1] or (best[key] == lrs[0] == 5e-4) or (best[key] == lrs[-1] == 4e-3)
+        assert len(lrs) == 2 + (lrs[0] == 5e-4) + (lrs[-1] == 4e-3) and len(lrs) > 2  # an edge is always chosen first
+    grpo = {k: v for k, v in series.items() if k[0] == "grpo"}
+    assert {(k[1], k[2]) for k in grpo} == {(4, 2), (2, 4)}
+    chosen = max(grpo, key=lambda k: (np.mean(grpo[k][best[k]]), -[(4, 2), (2, 4)].index(k[1:])))
+    shape = chosen[1:]
+    assert {k[1:] for k in series if k[0] == "rollout_gdro"} == {shape}  # every other method at GRPO's shape
+    tuned = {"grpo": best[chosen], "rollout_gdro": best[("rollout_gdro", *shape)]}
+    for summary, direct in runs:
+        if summary["stage"] != "tune" or summary["seed"] in (102, 103):  # power seeds and later stages
+            assert (direct["prompts"], direct["n"]) == shape
+        if summary["stage"] == "tune" and summary["seed"] in (102, 103) or summary["stage"] == "primary":
+            assert direct["lr"] == tuned[direct["method"]]
+    mass = {
+        m: np.mean([s["weighted_adv_token_mass"] for s, d in runs if s["stage"] == "tune" and d["method"] == m
+                    and d["lr"] == tuned[m] and (d["prompts"], d["n"]) == shape])
+        for m in tuned
+    }  # fmt: skip
+    arm = [d for s, d in runs if s["arm"] == "rgdro at grpo's mass"]
+    assert len(arm) == 1 and arm[0]["lr"] == pytest.approx(tuned["rollout_gdro"] * mass["grpo"] / mass["rollout_gdro"])
+    report = (res / "REPORT.md").read_text()
+    assert f"{shape[0]} x {shape[1]} chosen; every other method runs at it" in report
+    assert "| pass@1 | pass@2 | pass@4 | pass@8 | pass@16 | pass@32 |" in report
+    figure = (res / study.PASS_AT_K_FIGURE).read_bytes()
+    assert figure.startswith(b"<?xml") and b"dc:date" not in figure and b"Matplotlib v" not in figure
+    (res / study.PASS_AT_K_FIGURE).unlink()
+    assert study.main(["report", *args[:4]]) == 0
+    assert (res / study.PASS_AT_K_FIGURE).read_bytes() == figure and (res / "REPORT.md").read_text() == report
+
+
+def test_v2_design_keys_are_checked(tmp_path):
+    tuning = {"seeds": [100, 101], "lr_grid": [1e-3], "methods": ["grpo", "rollout_gdro"]}
+    bad_shapes = {**tuning, "reference_shapes": [{"prompts": 4, "n": 2}, {"prompts": 4, "n": 4}]}
+    with pytest.raises(ProtocolError, match=r"tuning.reference_shapes: prompts x n differ: \[8, 16\]"):
+        load_protocol(_protocol(tmp_path, tuning=bad_shapes))
+    with pytest.raises(ProtocolError, match=r"tuning.reference_shapes\[0\]: .*exactly prompts and n"):
+        load_protocol(_protocol(tmp_path, tuning={**tuning, "reference_shapes": [{"prompts": 4}]}))
+    with pytest.raises(ProtocolError, match="tuning.extend: extending the grid needs at least two lrs"):
+        load_protocol(_protocol(tmp_path, tuning={**tuning, "extend": 1}))
+    with pytest.raises(ProtocolError, match="seed 100 is also in tuning.seeds"):
+        load_protocol(_protocol(tmp_path, tuning={**tuning, "power_seeds": [100]}))
+    arms = [{"name": "x", "method": "rollout_gdro", "lr_scale": "grpo_mass"}]
+    with pytest.raises(ProtocolError, match=r"explore.arms\[0\].lr_scale: 'grpo_mass': a number or reference_mass"):
+        load_protocol(_protocol(tmp_path, explore={"seeds": [200], "arms": arms}))
+    shipped = load_protocol()  # the current protocol, tiny_lm_v2
+    assert shipped.data["name"] == "tiny_lm_v2" and shipped.results == "results/tiny_lm_study_v2"
+    assert {s["prompts"] * s["n"] for s in shipped.tuning["reference_shapes"]} == {256}
