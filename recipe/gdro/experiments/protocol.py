@@ -1,9 +1,10 @@
 """A study's protocol file (YAML, pre-registered by commit), its content hash, and the ledger of
 spent evaluation seeds.
 
-:func:`load_protocol` reads and checks a protocol (the tiny-LM study's is ``protocols/tiny_lm.yaml``;
-its keys are documented there): seeds of different roles never overlap, every method is in the
-registry (``config/method/``), every arm names a tuned method. Its ``hash`` is the SHA-256 of the
+:func:`load_protocol` reads and checks a protocol (the tiny-LM study's are ``protocols/tiny_lm.yaml``,
+v1, and ``protocols/tiny_lm_v2.yaml``, the default; their keys are documented there): seeds of
+different roles never overlap, every method is in the registry (``config/method/``), every arm names
+a tuned method, the reference's shapes keep prompts x n equal. Its ``hash`` is the SHA-256 of the
 file's bytes: every run records it, and a report refuses runs of two hashes.
 
 An optional ``endpoints:`` section declares named endpoints (:class:`recipe.gdro.results.outcomes.Endpoint`:

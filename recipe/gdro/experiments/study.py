@@ -9,13 +9,16 @@ Usage (from the repository root)::
     python -m recipe.gdro.experiments.study long      # regimes: a long horizon, a small pool
     python -m recipe.gdro.experiments.study report    # every table again, from the committed runs only
 
-The plan is data: ``--protocol`` (default ``recipe/gdro/experiments/protocols/tiny_lm.yaml``, whose
-comments state the rules: seeds, the lr grid, the arms, the primary family, the power rule, the
-confirmation rule). Every run is :func:`recipe.gdro.experiments.direct.run_direct` on a method of
+The plan is data: ``--protocol`` (default ``recipe/gdro/experiments/protocols/tiny_lm_v2.yaml``; v1 is
+``tiny_lm.yaml``), whose comments state the rules: seeds, the lr grid (extended at an edge with
+``tuning.extend``), the reference's shapes (``tuning.reference_shapes``: GRPO tuned over prompts x n
+at equal rollouts a step; every other method runs at its choice), the power seeds, the arms, the
+primary family, the power rule, the confirmation rule. ``--results`` defaults to the protocol's
+``results:`` folder. Every run is :func:`recipe.gdro.experiments.direct.run_direct` on a method of
 ``config/method/`` (the shipped settings), scored by the exact teacher-forced probability of the
 answer (``recipe.gdro.tinylm.exact``, the primary metric) and by one sampled draw (secondary).
 
-Each finished run is a small JSON in ``--results`` (default ``results/tiny_lm_study``) ``/runs/``:
+Each finished run is a small JSON in ``--results`` ``/runs/``:
 method, stage, seed, lr, protocol_hash, started_at, base_exact, final_exact, final_sampled, tokens,
 rollouts and the few curves the tables need. They are the run cache (a stage resumes by running
 only what is missing, on any machine, from the committed files) and the only input of
@@ -34,7 +37,8 @@ executes (:data:`RUN_CODE`) and whether it had uncommitted changes (a run whose 
 again and replaces the file; ``report`` reads runs of any code and names the commits and the runs
 made from a modified tree). With ``primary.power.mde`` the primary stage plans its seeds per
 endpoint on the SD's upper confidence bound (:func:`recipe.gdro.results.stats.plan_for_mdes`) and
-runs Holm over methods x endpoints.
+runs Holm over methods x endpoints; the report then also tabulates pass@k for k = 1..32 on the test
+split and writes the figure ``pass_at_k.svg`` beside ``REPORT.md`` (the same bytes from the same runs).
 """
 
 from __future__ import annotations
@@ -1241,6 +1245,16 @@ SECTIONS = (
 )
 
 
+def regenerate_line(study: Study) -> str:
+    """How to rebuild this report (v1's line is kept as committed: its report rebuilds byte for byte)."""
+    if study.legacy:
+        return "Regenerate: `python -m recipe.gdro.experiments.study report` (reads only results/tiny_lm_study/runs/)."
+    folder = portable_path(study.results)
+    protocol = portable_path(study.p.path)
+    options = "" if Path(local_path(protocol)) == TINY_LM_PROTOCOL else f" --protocol {protocol} --results {folder}"
+    return f"Regenerate: `python -m recipe.gdro.experiments.study report{options}` (reads only {folder}/runs/)."
+
+
 def report(study: Study) -> str:
     """Every section from the stored runs only (a stage not run yet says so); nothing runs."""
     quiet = Study(study.p, study.results, jobs=0, device=study.device, log=lambda *_: None)
@@ -1248,7 +1262,7 @@ def report(study: Study) -> str:
         "# Tiny-LM study: report",
         "",
         f"Protocol `{Path(study.p.path).name}` ({study.p.data.get('name', '')}), SHA-256 `{study.p.hash}`. "
-        "Regenerate: `python -m recipe.gdro.experiments.study report` (reads only results/tiny_lm_study/runs/).",
+        + regenerate_line(study),
         "",
     ]
     provenance = quiet.store.provenance()
