@@ -16,6 +16,7 @@ from recipe.gdro.experiments import study
 from recipe.gdro.experiments.protocol import TINY_LM_V1, Ledger, ProtocolError, load_protocol
 
 RESULTS = REPO / "results" / "tiny_lm_study"
+RESULTS_V2 = REPO / "results" / "tiny_lm_study_v2"
 
 
 def test_the_shipped_protocol_is_valid_and_its_evaluation_seeds_are_unspent_by_other_protocols():
@@ -47,6 +48,46 @@ def test_the_committed_report_is_what_the_committed_runs_give():
         summary = json.loads(path.read_text())["summary"]
         fields = {"best_exact", "exact_by_temperature", "protocol_hash"} if summary["stage"] == "baseline" else need
         assert fields <= set(summary) and summary["protocol_hash"] == p.hash, path
+
+
+def test_the_committed_v2_report_and_figure_are_what_the_committed_runs_give():
+    """Issue 33's "done when": `study report` rebuilds v2's REPORT.md and pass_at_k.svg byte for byte from
+    the committed runs; each primary run file holds the per-prompt test outcomes, the code commit, the
+    resolved method config and the protocol hash; the protocol was committed before the first primary
+    run started; GRPO raised the hard tail's pass@8 by at least 0.05 on the evaluation seeds."""
+    import subprocess
+    from datetime import datetime
+
+    from recipe.gdro.results.outcomes import endpoint_value
+
+    p = load_protocol()
+    s = study.Study(p, RESULTS_V2, jobs=0, log=lambda *_: None)
+    assert study.report(s).rstrip("\n") + "\n" == (RESULTS_V2 / "REPORT.md").read_text(encoding="utf-8")
+    assert study.report_figure(s) == (RESULTS_V2 / study.PASS_AT_K_FIGURE).read_text(encoding="utf-8")
+    primary = [json.loads(f.read_text()) for f in (RESULTS_V2 / "runs").glob("primary-*.json")]
+    assert len(primary) == 4 * len(p.primary["seed_pool"])
+    for stored in primary:
+        run, config = stored["summary"], stored["config"]
+        assert len(run["per_prompt"]["test"]["id"]) == p.shape["num_test"] and run["protocol_hash"] == p.hash
+        assert config["code"]["commit"] and config["code"]["clean"] and config["method_config"]["rollout"]
+    log = [
+        "git",
+        "-C",
+        str(REPO),
+        "log",
+        "--diff-filter=A",
+        "--format=%cI",
+        "--",
+        "recipe/gdro/experiments/protocols/tiny_lm_v2.yaml",
+    ]
+    committed = datetime.fromisoformat(
+        subprocess.run(log, capture_output=True, text=True, check=True).stdout.split()[-1]
+    )
+    assert committed < min(datetime.fromisoformat(r["summary"]["started_at"]) for r in primary)
+    tail = p.endpoints["tail pass@8"]
+    grpo = [r["summary"] for r in primary if r["summary"]["method"] == "grpo"]
+    gains = [endpoint_value(r, tail) - endpoint_value(r, tail, "base") for r in grpo]
+    assert min(gains) >= 0.05, gains
 
 
 def _protocol(tmp_path: Path, filename: str = "smoke.yaml", **changes) -> Path:
