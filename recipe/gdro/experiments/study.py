@@ -633,7 +633,8 @@ def tune(study: Study) -> tuple[dict[str, float], str]:
         chosen = choose_lr(sc, prefer="smaller")
         mark = "" if m != ref or shape == study.tuned_shape or not study.tuned_shape else " (not chosen)"
         rows.append([label, *(f"{np.mean(sc[lr]):.4f}" if lr in sc else "–" for lr in all_lrs), f"{chosen:g}{mark}"])
-    edge = [f"{m} at {tuned[m]:g}" for m in t["methods"] if tuned[m] in (min(sc_of(series, m)), max(sc_of(series, m)))]
+    chosen_lrs = {ref: list(ref_scores[pick]), **{m: list(sc) for m, sc in zip(others, other_scores, strict=True)}}
+    edge = [f"{m} at {tuned[m]:g}" for m in t["methods"] if tuned[m] in (min(chosen_lrs[m]), max(chosen_lrs[m]))]
     runs = _tuned_runs(study, tuned)
     base = float(np.mean([r["base_exact"] for r in runs.values()]))
     grpo = [runs[(ref, s)] for s in t["seeds"]]
@@ -665,14 +666,6 @@ def tune(study: Study) -> tuple[dict[str, float], str]:
     if t.get("power_seeds"):
         lines += ["", tuned_settings_text(study, tuned, runs)]
     return tuned, "\n".join(lines)
-
-
-def sc_of(series, method: str) -> list[float]:
-    """The lrs run for ``method``'s chosen series (the reference's tuned shape)."""
-    for m, _shape, sc in series[::-1]:
-        if m == method:
-            return list(sc)
-    return []
 
 
 def tuning_seeds(study: Study) -> list[int]:
