@@ -106,6 +106,11 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+# No forward the savings make runs fewer token rows than this: a one-thread CPU matmul of fewer than 4
+# rows takes another kernel, whose rounding differs from the same rows inside a larger batch (torch 2.13).
+MIN_FORWARD_ROWS = 8
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -118,6 +123,7 @@ def sample(
     eos_token_id: int,
     pad_token_id: int,
     generator: torch.Generator | None = None,
+    plain: bool = False,
 ) -> list[tuple[list[int], list[float]]]:
     """Sample one response per prompt (batched, left padding, KV cache).
 
@@ -126,6 +132,14 @@ def sample(
     log-prob ``log_softmax(logits / temperature)[token]`` (float32). ``temperature == 0`` is greedy
     decoding; its log-probs are then taken at temperature 1. ``generator`` (on the model's device)
     makes the draw reproducible. The model is put in eval mode for the call and restored after.
+
+    Two savings: a prompt that repeats (a GRPO group) is prefilled once and its KV cache copied to its
+    rows; each decode step's forward runs only the rows still generating. Neither makes a forward of
+    fewer than :data:`MIN_FORWARD_ROWS` token rows, and the draw is still made over all rows, finished
+    ones included, so the generator advances as in the plain loop (``plain=True``: every row through
+    every step). On one CPU thread (the study's runs) every result is the plain loop's, bit for bit
+    (tests/gdro/tinylm/test_tinylm.py); with more threads a row's rounding can depend on how many rows
+    share its matmul, so the numbers are the plain loop's up to float rounding, not bit for bit.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -139,20 +153,40 @@ def sample(
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         batch = input_ids.shape[0]
         position_ids = position_ids_from_mask(attention_mask)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
+        # Prefill each distinct prompt once (same left-padded width), then give every row its copy.
+        first_row: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its first row
+        for i, p in enumerate(prompts):
+            first_row.setdefault(tuple(p), i)
+        if plain or len(first_row) * input_ids.shape[1] < MIN_FORWARD_ROWS:
+            first_row = {i: i for i in range(batch)}
+            inverse = torch.arange(batch, device=device)
+        else:
+            slot = {key: k for k, key in enumerate(first_row)}
+            inverse = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
+        unique_rows = torch.tensor(list(first_row.values()), device=device)
+        out = model(
+            input_ids=input_ids[unique_rows],
+            attention_mask=attention_mask[unique_rows],
+            position_ids=position_ids[unique_rows],
+            use_cache=True,
+        )
         past = out.past_key_values
-        logits = out.logits[:, -1, :].float()
+        logits_all = out.logits[:, -1, :].float()[inverse]
+        if len(first_row) < batch:
+            past.batch_select_indices(inverse)
         next_pos = position_ids[:, -1:] + 1
         tokens = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
         logps = torch.empty((batch, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.full((batch,), max_new_tokens, dtype=torch.long, device=device)
+        rows = torch.arange(batch, device=device)  # the rows the model runs (the others are done)
         for t in range(max_new_tokens):
+            # logits_all keeps a finished row's last logits: its draw is discarded, as in the plain loop
             if temperature == 0:
-                log_dist = torch.log_softmax(logits, dim=-1)
-                token = torch.argmax(logits, dim=-1)
+                log_dist = torch.log_softmax(logits_all, dim=-1)
+                token = torch.argmax(logits_all, dim=-1)
             else:
-                scaled = logits / temperature
+                scaled = logits_all / temperature
                 log_dist = torch.log_softmax(scaled, dim=-1)
                 probs = torch.softmax(_filter_logits(scaled, top_k, top_p), dim=-1)
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
@@ -165,20 +199,38 @@ def sample(
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
             attention_mask = torch.cat([attention_mask, (~done).long()[:, None]], dim=-1)
+            live = (~done[rows]).nonzero().squeeze(-1)
+            keep = None if plain else _rows_to_keep(live, len(rows))
+            if keep is not None:  # drop finished rows from the batch (and their cache)
+                past.batch_select_indices(keep)
+                rows = rows[keep]
             out = model(
-                input_ids=token[:, None],
-                attention_mask=attention_mask,
-                position_ids=next_pos,
+                input_ids=token[rows, None],
+                attention_mask=attention_mask[rows],
+                position_ids=next_pos[rows],
                 past_key_values=past,
                 use_cache=True,
             )
             past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
+            logits_all[rows] = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
     finally:
         model.train(was_training)
     tokens_l, logps_l, lengths_l = tokens.tolist(), logps.tolist(), lengths.tolist()
     return [(tokens_l[i][: lengths_l[i]], logps_l[i][: lengths_l[i]]) for i in range(batch)]
+
+
+def _rows_to_keep(live: torch.Tensor, current: int) -> torch.Tensor | None:
+    """Positions (in the current decode batch) to keep, or None to keep the batch as it is: shrink
+    once a quarter of the batch has finished, never below MIN_FORWARD_ROWS rows (finished rows fill up)."""
+    if current - len(live) < max(1, current // 4) or current <= MIN_FORWARD_ROWS:
+        return None
+    if len(live) >= MIN_FORWARD_ROWS:
+        return live
+    filler = torch.ones(current, dtype=torch.bool, device=live.device)
+    filler[live] = False
+    extra = filler.nonzero().squeeze(-1)[: MIN_FORWARD_ROWS - len(live)]
+    return torch.sort(torch.cat([live, extra])).values
 
 
 def response_log_probs(

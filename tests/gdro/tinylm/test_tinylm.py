@@ -360,6 +360,60 @@ def _seq_lp(model, batch):
     return (lp * batch["response_mask"]).sum(1)
 
 
+@pytest.mark.parametrize(
+    "counts, temperature, top_k, top_p",
+    [
+        ([4] * 64, 1.0, -1, 1.0),  # GRPO's groups: 64 prompts x 4
+        ([1, 7, 2, 9, 3, 6, 1, 11, 4, 2, 5, 8] * 4, 1.0, -1, 1.0),  # Rollout-GDRO's uneven counts
+        ([3] * 40, 0.7, 5, 0.9),  # top-k and top-p
+        ([2] * 30, 0, -1, 1.0),  # greedy
+        ([1] * 40, 1.0, -1, 1.0),  # the last rows to finish fall under the floor: finished rows fill it
+        ([2, 1], 1.0, -1, 1.0),  # fewer rows than the floor: nothing shrinks
+    ],
+)
+def test_sample_reuses_prefill_and_drops_finished_rows_with_the_plain_loops_numbers(
+    tok, counts, temperature, top_k, top_p
+):
+    """The shipped base finishes rows at different steps (its answers differ in length): the fast path
+    (one prefill per distinct prompt, finished rows leave the decode batch) returns the plain loop's tokens
+    and log-probs bit for bit, and leaves the generator where the plain loop leaves it (one thread, as
+    the study's runs; with more, a matmul row's rounding can depend on the batch: not claimed)."""
+    torch.manual_seed(0)
+    model = load_model()
+    rows = arith.build_split(len(counts), 11, val=False)
+    prompts = [
+        tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r, c in zip(rows, counts, strict=True) for _ in range(c)
+    ]
+    rows_run = []  # rows of each forward: prefill, then one per decode step
+    model.register_forward_pre_hook(lambda m, a, kw: rows_run.append(len(kw["input_ids"])), with_kwargs=True)
+    outs, states, forwards = [], [], []
+    for plain in (True, False):
+        gen = torch.Generator().manual_seed(3)
+        kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=gen, plain=plain)
+        rows_run.clear()
+        outs.append(
+            policy.sample(
+                model,
+                prompts,
+                max_new_tokens=16,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                **kwargs,
+            )
+        )
+        states.append(gen.get_state())
+        forwards.append(list(rows_run))
+    assert outs[0] == outs[1]  # lists of python floats: equal means bit-equal
+    assert torch.equal(states[0], states[1])
+    plain_rows, fast_rows = forwards
+    assert set(plain_rows) == {len(prompts)} and len(fast_rows) == len(plain_rows)
+    assert fast_rows[0] == len(counts)  # one prefill row per distinct prompt
+    if len(prompts) > policy.MIN_FORWARD_ROWS:  # the decode batch shrank, never under the floor
+        assert min(fast_rows[1:]) < len(prompts) and min(fast_rows[1:]) >= policy.MIN_FORWARD_ROWS
+    if counts == [1] * 40:
+        assert min(fast_rows[1:]) == policy.MIN_FORWARD_ROWS
+
+
 def test_ppo_update_raises_the_log_prob_of_a_positively_advantaged_response(rollout):
     model, _, _, batch = rollout
     adv = torch.zeros_like(batch["old_log_probs"])
