@@ -8,6 +8,7 @@ Usage (from the repository root)::
     python -m recipe.gdro.experiments.study confirm   # the best arm (if it gained) vs GRPO, fresh seeds
     python -m recipe.gdro.experiments.study long      # regimes: a long horizon, a small pool
     python -m recipe.gdro.experiments.study report    # every table again, from the committed runs only
+    python -m recipe.gdro.experiments.study reproduce --run FILE  # one committed run again: same numbers?
 
 The plan is data: ``--protocol`` (default ``recipe/gdro/experiments/protocols/tiny_lm_v2.yaml``; v1 is
 ``tiny_lm.yaml``), whose comments state the rules: seeds, the lr grid (extended at an edge with
@@ -83,7 +84,7 @@ from verl_ext.atomic import atomic_replace, blocking_file
 
 REPO = Path(__file__).resolve().parents[3]
 DEFAULT_RESULTS = REPO / "results" / "tiny_lm_study"
-STAGES = ("tune", "primary", "explore", "confirm", "long", "report")
+STAGES = ("tune", "primary", "explore", "confirm", "long", "report", "reproduce")
 # The code a run executes: recipe.gdro.experiments.direct, every repository module a run imports
 # (tests/gdro/experiments/test_study_v2.py checks the list against a fresh process that makes a run)
 # and the data it reads (the base model, the method YAMLs). Files, not whole packages: an edit to
@@ -245,6 +246,36 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "per_prompt": result["per_prompt"],
         **({"code": job["config"]["code"]} if "code" in job["config"] else {}),
     }
+
+
+# What a rerun may change: when it ran, how long it took, and the code that made it.
+NOT_REPRODUCED = frozenset({"started_at", "seconds", "code"})
+
+
+def reproduce(path: Path) -> tuple[list[str], int]:
+    """Run a committed run file's configuration again with this checkout's code, one torch thread (as
+    the study's workers run): (the summary fields whose stored JSON differs, the fields compared). A code
+    change that keeps every number -- a faster sampler -- leaves the first list empty. ValueError naming
+    the file when it is not a run file (unreadable, not JSON, no ``config.direct`` or summary keys)."""
+    import torch
+
+    try:
+        stored = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable run file ({getattr(e, 'strerror', None) or e})") from None
+    summary = stored.get("summary") if isinstance(stored, dict) else None
+    needed = ("arm", "stage", "protocol_hash")
+    if not isinstance(summary, dict) or not isinstance(stored.get("config"), dict) or "direct" not in stored["config"]:
+        raise ValueError(f"{path}: not a run file (it needs a summary and a config with a direct section)")
+    missing = [k for k in needed if k not in summary]
+    if missing:
+        raise ValueError(f"{path}: the run file's summary has no {', '.join(missing)}")
+    torch.set_num_threads(1)
+    job = {**{k: summary[k] for k in needed}, "config": stored["config"]}
+    again = json.loads(run_file_text({"summary": _run(job)}))["summary"]
+    compared = [k for k in sorted(summary) if k not in NOT_REPRODUCED]
+    differ = [k for k in compared if json.dumps(summary[k], sort_keys=True) != json.dumps(again.get(k), sort_keys=True)]
+    return differ, len(compared)
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -1313,7 +1344,20 @@ def main(argv=None) -> int:
     )
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--device", default="cpu", help="cpu, cuda[:N] or auto (recorded in each run's config)")
+    p.add_argument("--run", default=None, help="reproduce: the run file to make again")
     args = p.parse_args(argv)
+    if (args.stage == "reproduce") != (args.run is not None):
+        print("error: --run FILE goes with the reproduce stage, and only with it", file=sys.stderr)
+        return 2
+    if args.stage == "reproduce":
+        try:
+            differ, compared = reproduce(Path(args.run))
+        except ValueError as e:
+            print(f"error: --run {e}", file=sys.stderr)
+            return 2
+        verdict = f"differs in {', '.join(differ)}" if differ else "the same numbers"
+        print(f"{args.run}: {verdict} ({compared} summary fields compared; started_at, seconds, code are not)")
+        return 1 if differ else 0
     if args.results is None:
         try:
             declared = load_protocol(args.protocol).results

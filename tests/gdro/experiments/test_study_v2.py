@@ -73,6 +73,18 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     assert config["code"]["libraries"]["torch"] == torch.__version__
     assert config["method_config"]["rollout"]["n_mean"] == 2  # the method's YAML, n̄ ...
     assert config["method_config"]["rollout"]["allocator"] == "sqrt"  # ... and the defaults it leaves out
+    # reproduce: the run made again by this code has the same numbers; a changed number is named
+    capsys.readouterr()
+    assert study.main(["reproduce", "--run", str(files[0])]) == 0
+    assert f"{files[0]}: the same numbers (" in capsys.readouterr().out
+    changed = tmp_path / "changed.json"
+    changed.write_text(study.run_file_text({**stored, "summary": {**run, "final_exact": run["final_exact"] + 1e-9}}))
+    assert study.main(["reproduce", "--run", str(changed)]) == 1
+    assert f"{changed}: differs in final_exact (" in capsys.readouterr().out
+    changed.write_text(json.dumps({"summary": {"arm": "grpo"}, "config": config}))
+    assert study.main(["reproduce", "--run", str(changed)]) == 2
+    assert capsys.readouterr().err == f"error: --run {changed}: the run file's summary has no stage, protocol_hash\n"
+    assert study.main(["report", "--run", str(changed)]) == 2  # --run is reproduce's only
     # the endpoints from the file alone, by hand
     p, skills = np.array(per["test"]["p"][-1]), np.array(per["test"]["skill"])
     assert study.metric(run, "pass@8", 0.0, load_protocol(proto).endpoints) == pytest.approx(np.mean(1 - (1 - p) ** 8))
