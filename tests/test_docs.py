@@ -40,16 +40,14 @@ def _tables(lines: list[str]) -> list[list[str]]:
 def test_readme_results_tables_are_the_ones_commands_write():
     """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
     tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study{,_v2}/REPORT.md,
-    which tests/gdro/experiments/test_study.py regenerates from the committed runs), except the previous study's, kept
-    under its own heading; the simulator's headline table is sim_sweep's headline.md."""
+    which tests/gdro/experiments/test_study.py regenerates from the committed runs); the simulator's
+    headline table is sim_sweep's headline.md."""
     from recipe.gdro.experiments.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert [t[0] for t in _tables(lines)] == ["| key | default | meaning |"]
     doc = (REPO / "docs" / "tiny_lm.md").read_text(encoding="utf-8")
-    study = doc[doc.index("## The study") :]
-    current, _, previous = study.partition("## The previous study (before protocol files)")
-    assert previous, "the pre-protocol study's tables sit under their own heading"
+    current = doc[doc.index("## The study") :]
     reports = [
         (REPO / "results" / d / "REPORT.md").read_text(encoding="utf-8") for d in ("tiny_lm_study", "tiny_lm_study_v2")
     ]
