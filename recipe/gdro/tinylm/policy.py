@@ -153,17 +153,20 @@ def sample(
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         batch = input_ids.shape[0]
         position_ids = position_ids_from_mask(attention_mask)
-        # Prefill each distinct prompt once (same left-padded width), then give every row its copy.
-        first_row: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its first row
+        # Prefill each distinct prompt once (same left-padded width), then give every row its copy:
+        # unique_rows[k] is the k-th distinct prompt's first row, inverse[i] the k of row i.
+        slot: dict[tuple[int, ...], int] = {}
+        first_rows, inverse_list = [], []
         for i, p in enumerate(prompts):
-            first_row.setdefault(tuple(p), i)
-        if plain or len(first_row) * input_ids.shape[1] < MIN_FORWARD_ROWS:
-            first_row = {i: i for i in range(batch)}
-            inverse = torch.arange(batch, device=device)
+            k = slot.setdefault(tuple(p), len(slot))
+            if k == len(first_rows):
+                first_rows.append(i)
+            inverse_list.append(k)
+        if plain or len(first_rows) * input_ids.shape[1] < MIN_FORWARD_ROWS:
+            unique_rows = inverse = torch.arange(batch, device=device)
         else:
-            slot = {key: k for k, key in enumerate(first_row)}
-            inverse = torch.tensor([slot[tuple(p)] for p in prompts], device=device)
-        unique_rows = torch.tensor(list(first_row.values()), device=device)
+            unique_rows = torch.tensor(first_rows, device=device)
+            inverse = torch.tensor(inverse_list, device=device)
         out = model(
             input_ids=input_ids[unique_rows],
             attention_mask=attention_mask[unique_rows],
@@ -172,7 +175,7 @@ def sample(
         )
         past = out.past_key_values
         logits_all = out.logits[:, -1, :].float()[inverse]
-        if len(first_row) < batch:
+        if len(unique_rows) < batch:
             past.batch_select_indices(inverse)
         next_pos = position_ids[:, -1:] + 1
         tokens = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
