@@ -248,6 +248,18 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def read_run_file(path: Path) -> dict[str, Any]:
+    """A run file's ``{"summary": ..., "config": ...}``; ValueError naming the file when it is unreadable,
+    not JSON, or lacks either mapping."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        if not (isinstance(stored["summary"], dict) and isinstance(stored["config"], dict)):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{path}: not a run summary of the study (unreadable)") from None
+    return stored
+
+
 # What a rerun may change: when it ran, how long it took, and the code that made it.
 NOT_REPRODUCED = frozenset({"started_at", "seconds", "code"})
 
@@ -256,17 +268,14 @@ def reproduce(path: Path) -> tuple[list[str], int]:
     """Run a committed run file's configuration again with this checkout's code, one torch thread (as
     the study's workers run): (the summary fields whose stored JSON differs, the fields compared). A code
     change that keeps every number -- a faster sampler -- leaves the first list empty. ValueError naming
-    the file when it is not a run file (unreadable, not JSON, no ``config.direct`` or summary keys)."""
+    the file when it is not a run file (:func:`read_run_file`) or lacks ``config.direct`` or summary keys."""
     import torch
 
-    try:
-        stored = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a readable run file ({getattr(e, 'strerror', None) or e})") from None
-    summary = stored.get("summary") if isinstance(stored, dict) else None
+    stored = read_run_file(Path(path))
+    summary = stored["summary"]
     needed = ("arm", "stage", "protocol_hash")
-    if not isinstance(summary, dict) or not isinstance(stored.get("config"), dict) or "direct" not in stored["config"]:
-        raise ValueError(f"{path}: not a run file (it needs a summary and a config with a direct section)")
+    if "direct" not in stored["config"]:
+        raise ValueError(f"{path}: the run file's config has no direct section (not a trained run)")
     missing = [k for k in needed if k not in summary]
     if missing:
         raise ValueError(f"{path}: the run file's summary has no {', '.join(missing)}")
@@ -337,10 +346,10 @@ class RunStore:
         foreign: dict[str, list[str]] = {}
         for path in sorted(self.folder.glob("*.json")):
             try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-                summary, config = stored["summary"], stored["config"]
-            except (OSError, ValueError, KeyError, TypeError):
-                raise ProtocolError(f"{path}: not a run summary of the study (unreadable); remove it") from None
+                stored = read_run_file(path)
+            except ValueError as e:
+                raise ProtocolError(f"{e}; remove it") from None
+            summary, config = stored["summary"], stored["config"]
             if summary.get("protocol_hash") != protocol_hash:
                 foreign.setdefault(str(summary.get("protocol_hash"))[:16], []).append(path.name)
                 continue

@@ -85,6 +85,9 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     assert study.main(["reproduce", "--run", str(changed)]) == 2
     assert capsys.readouterr().err == f"error: --run {changed}: the run file's summary has no stage, protocol_hash\n"
     assert study.main(["report", "--run", str(changed)]) == 2  # --run is reproduce's only
+    changed.write_text("[1, 2]")  # JSON, not a run file: the reader report uses refuses it too
+    assert study.main(["reproduce", "--run", str(changed)]) == 2
+    assert capsys.readouterr().err == f"error: --run {changed}: not a run summary of the study (unreadable)\n"
     # the endpoints from the file alone, by hand
     p, skills = np.array(per["test"]["p"][-1]), np.array(per["test"]["skill"])
     assert study.metric(run, "pass@8", 0.0, load_protocol(proto).endpoints) == pytest.approx(np.mean(1 - (1 - p) ** 8))
