@@ -85,6 +85,7 @@ def test_v2_run_files_hold_per_prompt_outcomes_and_provenance_and_report_rebuild
     assert study.main(["reproduce", "--run", str(changed)]) == 2
     assert capsys.readouterr().err == f"error: --run {changed}: the run file's summary has no stage, protocol_hash\n"
     assert study.main(["report", "--run", str(changed)]) == 2  # --run is reproduce's only
+    assert capsys.readouterr().err == "error: --run FILE goes with the reproduce stage, and only with it\n"
     changed.write_text("[1, 2]")  # JSON, not a run file: the reader report uses refuses it too
     assert study.main(["reproduce", "--run", str(changed)]) == 2
     assert capsys.readouterr().err == f"error: --run {changed}: not a run summary of the study (unreadable)\n"
