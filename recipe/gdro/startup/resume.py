@@ -114,10 +114,10 @@ def check_saved_layout(config: DictConfig, folder: str) -> Optional[Layout]:
 
 
 # --------------------------------------------------------------------------------------- the GDRO state
-def _ways_on(setting: Optional[str] = None, saved: Any = None) -> str:
-    """The ways on from a saved state that cannot be restored: the old setting (when one is at fault), a new
-    folder, or the key that resumes the model alone."""
-    old = f"relaunch with the old setting ({setting}={saved}), " if setting else ""
+def _ways_on(old: Optional[str] = None) -> str:
+    """The ways on from a saved state that cannot be restored: the old setting (``old``, when one is at
+    fault), a new folder, or the key that resumes the model alone."""
+    old = f"relaunch with {old}, " if old else ""
     return (
         f"{old}start a new run in a new trainer.default_local_dir, or set {RESTART_CONTROLLER_KEY}=true to resume "
         "the model and start the GDRO controller afresh"
@@ -215,10 +215,10 @@ def check_state_fits(
         )
     saved_cfg, binner = state["config"], state["binner"]
 
-    def misfit(setting: str, saved: Any, launched: Any, what: str = "") -> GDRORecipeError:
+    def misfit(setting: str, saved: Any, launched: Any, what: str = "", old: str = "") -> GDRORecipeError:
         return GDRORecipeError(
             f"{path} does not fit this launch: {setting} was {saved} when it was saved, this launch has {launched}"
-            f"{what}; {_ways_on(setting, saved)}"
+            f"{what}; {_ways_on(old or f'the old setting ({setting}={saved})')}"
         )
 
     saved_edges = np.asarray(binner.get("edges"), dtype=np.float64)
@@ -228,7 +228,7 @@ def check_state_fits(
         raise misfit("gdro.binner.window", binner.get("window"), gdro.binner.window)
     if binner.get("half_life") != gdro.binner.half_life:
         raise misfit("gdro.binner.half_life", binner.get("half_life"), gdro.binner.half_life)
-    groups = len(gdro.binner.edges()) - 1 + (1 if str(gdro.binner.unseen) == "own_bin" else 0)
+    groups = len(gdro.binner.edges()) - 1 + (1 if gdro.binner.unseen == "own_bin" else 0)  # as OnlineDifficultyBinner
     saved_groups = np.asarray(state["prompt"].get("scores", ())).shape[0]
     if saved_groups != groups:
         raise misfit(
@@ -253,6 +253,7 @@ def check_state_fits(
             "the training prompt count (largest extra_info.index + 1 of data.train_files)",
             binner.get("num_prompts"),
             num_prompts,
+            old="the training files it was saved with",
         )
     warnings = []
     saved_data = state.get(DATASET_STATE_KEY)
@@ -260,8 +261,8 @@ def check_state_fits(
         raise GDRORecipeError(
             f"{path} does not fit this launch: the training prompts (ids and texts of data.train_files) differ from "
             f"those it was saved with (fingerprint {saved_data.get('fingerprint')} then, {dataset.get('fingerprint')} "
-            f"now), so the state's per-prompt histories would be read as other prompts'; relaunch with the old "
-            f"data.train_files, {_ways_on()}"
+            f"now), so the state's per-prompt histories would be read as other prompts'; "
+            f"{_ways_on('the training files it was saved with')}"
         )
     if dataset and not saved_data:
         warnings.append(

@@ -123,7 +123,7 @@ def test_other_prompts_under_the_same_ids_are_refused(capsys, data, root, tmp_pa
     other = Path(S.write_parquet(str(tmp_path / "other.parquet"), S.math_rows(list(range(500, 756)))))
     line = refusal(capsys, other, root)
     assert "the training prompts (ids and texts of data.train_files) differ" in line and "fingerprint" in line
-    assert "relaunch with the old data.train_files" in line and all(way in line for way in WAYS_ON)
+    assert "relaunch with the training files it was saved with" in line and all(way in line for way in WAYS_ON)
     assert dry_run(capsys, data, root)[0] == 0  # the prompts it was saved with
 
 
