@@ -103,9 +103,10 @@ def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
     except Exception as e:  # noqa: BLE001 - a defect of a check, not of the config: say so, in one line
         print(f"{what}: start-up check failed unexpectedly: {type(e).__name__}: {e}", file=stderr)
         return 1
-    if prepared.nothing_to_train and not dry:  # a relaunch of a finished run: no Ray, no workers
+    if prepared.nothing_to_train:  # a relaunch of a finished run: no Ray, no workers (a dry run says so too)
         print(f"{what}: {prepared.nothing_to_train}", flush=True)
-        return 0
+        if not dry:
+            return 0
     # Cluster readiness (recipe.gdro.startup.cluster): attention kernel importable, code shipped to Ray workers.
     from recipe.gdro.startup.cluster import cluster_checks
 

@@ -191,3 +191,5 @@ def test_a_relaunch_at_its_last_step_trains_nothing_and_says_so(capsys, data, ro
     else:
         assert isinstance(checked, tuple) and "nothing to train" not in out
     assert (root / MARKER).read_text() == "4"
+    code, out, _ = dry_run(capsys, data, root, total)  # the dry run of the same command says it too
+    assert code == 0 and ("gdro dry run: nothing to train" in out) == done
