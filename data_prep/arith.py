@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -266,7 +267,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num_train", type=int, default=8000, help="distinct training prompts (default 8000)")
     p.add_argument("--num_val", type=int, default=1000, help="distinct validation prompts (default 1000)")
+    # run_scripts/tiny_real_path_env.sh and cpu_backend_tiny.sh: the user set NUM_TRAIN / NUM_VAL / DATA_DIR, not
+    # these flags, so the messages name those (SCRIPT_VARIABLES)
+    p.add_argument("--name_script_variables", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+# The launch scripts' variables behind each flag (--name_script_variables).
+SCRIPT_VARIABLES = {"--num_train": "NUM_TRAIN", "--num_val": "NUM_VAL", "--local_dir": "DATA_DIR"}
+
+
+def name_script_variables(message: str) -> str:
+    """``message`` with each flag the launch scripts set from a variable named as that variable."""
+    for flag, variable in SCRIPT_VARIABLES.items():
+        message = re.sub(rf"{re.escape(flag)}\b", variable, message)
+    return message
 
 
 def main(argv=None) -> int:
@@ -300,7 +315,7 @@ def main(argv=None) -> int:
         except OSError as e:
             raise DataPrepError(f"cannot write to --local_dir {out_dir}: {e.strerror or e}") from e
     except DataPrepError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {name_script_variables(str(e)) if args.name_script_variables else e}", file=sys.stderr)
         return 2
     for split, table in tables.items():
         print(f"wrote {out_dir / (split + '.parquet')}: {table.num_rows} rows")

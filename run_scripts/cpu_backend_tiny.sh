@@ -32,7 +32,7 @@ if [ ! -f "recipe/gdro/config/method/$METHOD.yaml" ]; then
 fi
 
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then
-  "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0
+  "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0 --name_script_variables
 fi
 BASE=$("$PY" -c "from recipe.gdro.tinylm.model import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
 

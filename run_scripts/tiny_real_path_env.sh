@@ -31,7 +31,7 @@ tiny_real_path_launch() {
   local data="${DATA_DIR:-$root/tiny_real_path_data}" model=""
   if [[ ! -f "$data/train.parquet" || ( -z "${VAL_DIR:-}" && ! -f "$data/val.parquet" ) ]]; then
     (cd "$root" && PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m data_prep.arith --local_dir "$data" \
-      --num_train "${NUM_TRAIN:-64}" --num_val "${NUM_VAL:-32}" --seed 0 >&2)
+      --num_train "${NUM_TRAIN:-64}" --num_val "${NUM_VAL:-32}" --seed 0 --name_script_variables >&2)
   fi
   for arg in "$@"; do [[ "$arg" == actor_rollout_ref.model.path=* ]] && model=given; done
   local defaults=("launch.ckpt_root=$root/tiny_real_path_out")

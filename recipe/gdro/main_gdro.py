@@ -75,8 +75,9 @@ from verl_ext.interrupt import after_children_stopped, end_process, errors_as_in
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
 
-def check_launch(config: DictConfig, *, stderr=None):
-    """Every start-up check of a dry run or a launch, before Ray, a GPU or Hydra's job runtime.
+def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
+    """Every start-up check of a dry run or a launch, before Ray, a GPU or Hydra's job runtime (the
+    preflight runs these too, ``what`` naming it in its messages).
 
     Returns ``(mode, prepared, cluster_lines)``, or an exit status (2) after printing one line that
     names the key, file or value at fault."""
@@ -87,7 +88,7 @@ def check_launch(config: DictConfig, *, stderr=None):
         print(f"gdro: error: {e}", file=stderr)
         return 2
     dry = mode is not None
-    what = "gdro dry run" if dry else "gdro"
+    what = what or ("gdro dry run" if dry else "gdro")
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
@@ -102,6 +103,10 @@ def check_launch(config: DictConfig, *, stderr=None):
     except Exception as e:  # noqa: BLE001 - a defect of a check, not of the config: say so, in one line
         print(f"{what}: start-up check failed unexpectedly: {type(e).__name__}: {e}", file=stderr)
         return 1
+    if prepared.nothing_to_train:  # a relaunch of a finished run: no Ray, no workers (a dry run says so too)
+        print(f"{what}: {prepared.nothing_to_train}", flush=True)
+        if not dry:
+            return 0
     # Cluster readiness (recipe.gdro.startup.cluster): attention kernel importable, code shipped to Ray workers.
     from recipe.gdro.startup.cluster import cluster_checks
 

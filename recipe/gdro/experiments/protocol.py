@@ -264,8 +264,8 @@ class Ledger:
                         out.setdefault(int(s), str(e["protocol"]))
         return out
 
-    def spend(self, protocol_hash: str, stage: str, seeds: list[int]) -> None:
-        """Refuse seeds spent by another protocol; record ``seeds`` for this one (before they run)."""
+    def check_unspent(self, protocol_hash: str, stage: str, seeds: list[int]) -> None:
+        """Refuse seeds spent by another protocol (:class:`ProtocolError` naming the first and the count)."""
         bad = self.conflicts(protocol_hash, seeds)
         if bad:
             s, other = next(iter(bad.items()))
@@ -273,6 +273,10 @@ class Ledger:
                 f"{self.path}: evaluation seed {s} was spent by protocol {other[:16]}; a changed protocol must take "
                 f"new seeds ({len(bad)} of {stage}'s {len(seeds)} seeds are spent)"
             )
+
+    def spend(self, protocol_hash: str, stage: str, seeds: list[int]) -> None:
+        """Refuse seeds spent by another protocol; record ``seeds`` for this one (before they run)."""
+        self.check_unspent(protocol_hash, stage, seeds)
         entries = self.entries()
         done = {int(s) for e in entries if e["protocol"] == protocol_hash and e["stage"] == stage for s in e["seeds"]}
         new = [int(s) for s in seeds if int(s) not in done]

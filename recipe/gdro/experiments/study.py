@@ -333,6 +333,16 @@ def non_finite_field(value: Any, where: str = "") -> tuple[str, float] | None:
     return None
 
 
+def shipped_protocols() -> dict[str, str]:
+    """The protocol files the repository ships (recipe/gdro/experiments/protocols/*.yaml): hash -> repo path."""
+    from recipe.gdro.experiments.protocol import PROTOCOL_DIR
+
+    return {
+        hashlib.sha256(path.read_bytes()).hexdigest(): str(path.relative_to(REPO))
+        for path in sorted(PROTOCOL_DIR.glob("*.yaml"))
+    }
+
+
 class RunStore:
     """The per-run summaries under ``folder`` (one small JSON each), looked up by configuration.
 
@@ -351,7 +361,7 @@ class RunStore:
                 raise ProtocolError(f"{e}; remove it") from None
             summary, config = stored["summary"], stored["config"]
             if summary.get("protocol_hash") != protocol_hash:
-                foreign.setdefault(str(summary.get("protocol_hash"))[:16], []).append(path.name)
+                foreign.setdefault(str(summary.get("protocol_hash")), []).append(path.name)
                 continue
             bad = non_finite_field(summary)
             if bad is not None:
@@ -367,13 +377,27 @@ class RunStore:
                     raise ProtocolError(f"{path}: {e}") from None
             self.index[config_key(config)] = (path, stored)
         if foreign:
+            known = shipped_protocols()
             others = "; ".join(
-                f"{len(names)} of protocol {h} ({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
+                f"{len(names)} of protocol {h[:16]}{f' ({known[h]})' if h in known else ''} "
+                f"({', '.join(names[:2])}{', ...' if len(names) > 2 else ''})"
                 for h, names in foreign.items()
             )
+            if not self.index and len(foreign) == 1 and next(iter(foreign)) in known:
+                # a folder of another shipped protocol's runs only: the protocol flag is the fix, nothing moves
+                path = known[next(iter(foreign))]
+                raise ProtocolError(
+                    f"{self.folder}: its runs are of protocol {path}, not of this one ({protocol_hash[:16]}): "
+                    f"{others}; pass --protocol {path} to work on them"
+                )
             raise ProtocolError(
                 f"{self.folder}: runs of another protocol than this one ({protocol_hash[:16]}): {others}; a report "
                 "never mixes protocols: move the old runs to their own folder"
+                + (
+                    " (or pass --protocol with the file named above to work on its runs)"
+                    if set(foreign) & set(known)
+                    else ""
+                )
             )
 
     def get(self, config: dict[str, Any]) -> dict[str, Any] | None:
@@ -887,6 +911,16 @@ def _power_text(plan, gain: float) -> str:
     )
 
 
+def declared_seeds(protocol: Protocol, stage: str) -> dict[str, list[int]]:
+    """The evaluation seeds ``stage`` may spend, as the protocol declares them: the primary family's seed pool
+    (its power plan takes the first n), the confirmation's seeds; none for the other stages."""
+    if stage == "primary":
+        return {"primary": [int(s) for s in protocol.primary["seed_pool"]]}
+    if stage == "confirm":
+        return {"confirm": [int(s) for s in protocol.confirm["seeds"]]}
+    return {}
+
+
 def primary_runs(study: Study, tuned: dict[str, float], n_seeds: int) -> tuple[list[int], list[str], dict]:
     """The primary family's runs: the first ``n_seeds`` of the seed pool (spent once run), the reference and
     each method at its tuned lr; returns (seeds, methods, {(method, seed): run}), budgets checked equal."""
@@ -1390,6 +1424,9 @@ def main(argv=None) -> int:
         resolve_device(args.device)
         protocol = load_protocol(args.protocol)
         study = Study(protocol, Path(args.results), 0 if args.stage == "report" else args.jobs, args.device)
+        if study.jobs:  # a spent evaluation seed refuses the stage before any run (the tune stage's included)
+            for stage, seeds in declared_seeds(protocol, args.stage).items():
+                study.ledger.check_unspent(protocol.hash, stage, seeds)
         if args.stage != "report":
             tuned, text = tune(study)
             stage = {"tune": None, "primary": primary, "explore": explore, "confirm": confirm, "long": long_regimes}

@@ -46,6 +46,15 @@ def read_metrics_jsonl(path: str) -> list[dict[str, Any]]:
 
     records = _read(path)
     if not records:
+        from recipe.gdro.results.metrics_io import read_validation_jsonl
+
+        validations = read_validation_jsonl(path)
+        if validations:  # the run validated (step 0, before training) and has not finished a step yet
+            steps = ", ".join(str(int(r["val_step"])) for r in validations[:3])
+            raise ValueError(
+                f"{path}: validation records only (at step {steps}), no training step yet: plot it once the run "
+                "has logged a step"
+            )
         raise ValueError(f"{path}: no metrics records")
     return records
 

@@ -36,6 +36,7 @@ import inspect
 import math
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -80,6 +81,11 @@ def verl_mode_section(config: DictConfig):
 
 class GDRORecipeError(ValueError):
     """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
+
+
+def startup_warning(message: str) -> None:
+    """One line on stderr for what the start-up checks let through but the user should know."""
+    print(f"[gdro] warning: {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------- verl keys
@@ -809,6 +815,10 @@ def _read_json(path: str, key: str):
 # `window` visits x (correct, rollouts) uint16 plus 4 int32 of metadata), so the largest id sets its
 # memory. Ids are refused when those arrays would pass this bound; data_prep numbers prompts 0..N-1.
 MAX_BINNER_BYTES = 1 << 30
+# Ids this many times sparser than the prompts (largest id + 1 against the count) are warned about, with the
+# memory the arrays take (every gdro_state.pkl holds them too), once that passes SPARSE_IDS_MIN_BYTES.
+SPARSE_IDS_FACTOR = 4
+SPARSE_IDS_MIN_BYTES = 64 << 20
 
 
 def binner_bytes(num_prompts: int, window: int) -> int:
@@ -817,7 +827,9 @@ def binner_bytes(num_prompts: int, window: int) -> int:
 
 
 def check_id_range(ids: np.ndarray, window: int, what: str) -> None:
-    """Refuse ids whose largest value would size the binner's arrays beyond :data:`MAX_BINNER_BYTES`."""
+    """Refuse ids whose largest value would size the binner's arrays beyond :data:`MAX_BINNER_BYTES`; warn,
+    with the memory they take, when ids sparser than :data:`SPARSE_IDS_FACTOR` x the prompt count make those
+    arrays pass :data:`SPARSE_IDS_MIN_BYTES`."""
     if not len(ids):
         return
     top = int(ids.max())
@@ -828,6 +840,13 @@ def check_id_range(ids: np.ndarray, window: int, what: str) -> None:
             f"{what}: row {row} has extra_info.index {top}; the binner sizes its arrays by the largest id "
             f"({need / 2**30:,.0f} GiB for {len(ids)} prompts at gdro.binner.window={window}, bound "
             f"{MAX_BINNER_BYTES / 2**30:g} GiB). Number the prompts 0..N-1 (data_prep does)"
+        )
+    dense = binner_bytes(len(ids), window)
+    if top + 1 > SPARSE_IDS_FACTOR * len(ids) and need > SPARSE_IDS_MIN_BYTES:
+        startup_warning(
+            f"{what}: the largest extra_info.index is {top} for {len(ids)} prompts, and the GDRO controller sizes its "
+            f"per-prompt arrays by the largest id: {need / 2**20:,.0f} MiB (in memory and in every gdro_state.pkl) "
+            f"instead of {dense / 2**20:,.1f} MiB. Number the prompts 0..N-1 (data_prep does)"
         )
 
 
@@ -860,6 +879,9 @@ class DataCheck:
     checked: list[str]
     not_checked: list[str]  # remote or missing files (checked again by the trainer at start-up)
     data_sources: dict[str, dict]  # data_source -> one sample row (ground truth, extra_info) for the reward probe
+    # the training prompts' fingerprint and count (recipe.gdro.startup.resume.dataset_fingerprint), saved with the
+    # GDRO state; None when a file was not read here
+    dataset: Optional[dict] = None
 
 
 def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -> DataCheck:
@@ -867,10 +889,13 @@ def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -
 
     ``num_prompts`` (the binner's capacity) is ``max id + 1``. Remote files (hdfs://...) and, unless
     ``require_files``, missing local files are listed in ``not_checked``: the trainer checks the
-    loaded dataset again at start-up, before any worker is created.
+    loaded dataset again at start-up, before any worker is created. When every file was read, ``dataset``
+    holds the fingerprint of the prompts (ids and ``data.prompt_key`` texts), and one prompt text under
+    several ids is warned about (GDRO tracks each id as its own prompt).
     """
-    checked, not_checked, all_ids = [], [], []
+    checked, not_checked, all_ids, all_prompts = [], [], [], []
     data_sources: dict[str, dict] = {}
+    prompt_key = str(OmegaConf.select(config, "data.prompt_key", default="prompt"))
     for path in train_files(config):
         local = _local_path(path)
         if not _is_local(path) or not os.path.exists(local):
@@ -878,9 +903,12 @@ def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -
                 raise GDRORecipeError(f"data.train_files: {path} does not exist")
             not_checked.append(path)
             continue
-        table = _read_table(local, ["extra_info", "data_source", "reward_model"])
+        table = _read_table(local, ["extra_info", "data_source", "reward_model", prompt_key])
         ids = prompt_ids_of_table(table, what=f"train file {path}")
         all_ids.append(ids)
+        all_prompts.extend(
+            table.column(prompt_key).to_pylist() if prompt_key in table.column_names else [None] * len(ids)
+        )
         checked.append(path)
         if "data_source" in table.column_names:
             sources = table.column("data_source").to_pylist()
@@ -891,6 +919,7 @@ def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -
                 if src in data_sources:
                     continue
                 sample = table.slice(row, 1).to_pylist()[0]
+                sample.pop(prompt_key, None)
                 data_sources[src] = {"file": path, "row": row, **sample}
     if not all_ids:
         return DataCheck(None, 0, checked, not_checked, data_sources)
@@ -900,7 +929,36 @@ def check_train_prompt_ids(config: DictConfig, *, require_files: bool = False) -
     window = OmegaConf.select(config, "gdro.binner.window", default=50)
     check_id_range(ids, window if isinstance(window, int) and window > 0 else 50, f"train file(s) {', '.join(checked)}")
     num_prompts = int(ids.max()) + 1 if len(ids) else None
-    return DataCheck(num_prompts, len(ids), checked, not_checked, data_sources)
+    _warn_duplicate_prompts(ids, all_prompts, prompt_key, checked)
+    dataset = None
+    if not not_checked:
+        from recipe.gdro.startup.resume import dataset_fingerprint
+
+        dataset = {"fingerprint": dataset_fingerprint(ids, all_prompts), "num_rows": len(ids)}
+    return DataCheck(num_prompts, len(ids), checked, not_checked, data_sources, dataset)
+
+
+def _warn_duplicate_prompts(ids: np.ndarray, prompts: list, prompt_key: str, files: list[str]) -> None:
+    """One warning when a prompt text appears under more than one ``extra_info.index``."""
+    import json
+
+    first: dict[str, int] = {}
+    repeated: list[tuple[int, int]] = []
+    for pid, prompt in zip(ids.tolist(), prompts, strict=True):
+        if prompt is None:
+            continue
+        text = json.dumps(prompt, sort_keys=True, default=str)
+        if text in first:
+            repeated.append((first[text], pid))
+        else:
+            first[text] = pid
+    if repeated:
+        a, b = repeated[0]
+        startup_warning(
+            f"train file(s) {', '.join(files)}: {len(repeated)} prompt(s) repeat the {prompt_key} text of another "
+            f"extra_info.index (e.g. ids {a} and {b}); GDRO tracks each id as its own prompt, so a repeated prompt's "
+            "difficulty history is split between its ids and it is drawn more often. Deduplicate the data"
+        )
 
 
 # --------------------------------------------------------------------------------------- reward
@@ -1184,6 +1242,8 @@ class Prepared:
     verl_checks: list[str]
     files: Optional[DataFiles] = None  # set when prepare() checked the data files (dry run, launch)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    resume_folder: Optional[str] = None  # the global_step_N folder the launch resumes from (None: a fresh start)
+    nothing_to_train: Optional[str] = None  # the line of a relaunch whose resume step is its last (exit 0)
 
 
 DATA_REQUIRED = "required"  # every local data file must exist and hold >= data.train_batch_size prompts
@@ -1214,8 +1274,14 @@ def prepare(
     check_layout(config)
     recipe = build_recipe_config(config)
     gdro = build_gdro_config(config)
+    from recipe.gdro.checkpoints import GDRO_STATE_FILE
+    from recipe.gdro.startup.resume import check_saved_layout, check_state_fits, nothing_to_train
+
     check_output_paths(config, recipe, launch=launch)
-    check_resume_point(config, recipe, with_gdro_state=gdro_runs(config, gdro))
+    restores_state = gdro_runs(config, gdro) and not recipe.restart_controller
+    resume_folder = check_resume_point(config, recipe, with_gdro_state=restores_state)
+    if resume_folder is not None:
+        check_saved_layout(config, resume_folder)
     if launch:
         check_local_model(config)
         check_ray_cluster(config)
@@ -1224,12 +1290,31 @@ def prepare(
     if gdro_runs(config, gdro):
         data = check_train_prompt_ids(config, require_files=require_files)
     files = check_dry_run_data(config, config_only=data_files == DATA_LISTED) if data_files else None
+    finished = nothing_to_train(config, resume_folder, files.train_rows if files is not None else None)
+    if resume_folder is not None and restores_state and finished is None:
+        state_path = os.path.join(resume_folder, GDRO_STATE_FILE)
+        for line in check_state_fits(
+            state_path,
+            config,
+            gdro,
+            num_prompts=data.num_prompts if data else None,
+            dataset=data.dataset if data else None,
+        ):
+            startup_warning(line)
     budget = check_budget(config, gdro)
     if data is not None:
         reward = probe_reward_acc(config, data)
     verl_checks = validate_verl_config(config) if run_verl_checks else []
     return Prepared(
-        gdro=gdro, budget=budget, data=data, reward=reward, verl_checks=verl_checks, files=files, recipe=recipe
+        gdro=gdro,
+        budget=budget,
+        data=data,
+        reward=reward,
+        verl_checks=verl_checks,
+        files=files,
+        recipe=recipe,
+        resume_folder=resume_folder,
+        nothing_to_train=finished,
     )
 
 
@@ -1244,6 +1329,8 @@ class Checked:
     gdro: GDROConfig
     metrics_file: str
     runs: bool
+    restart_controller: bool = False  # gdro.restart_controller: a resume does not restore gdro_state.pkl
+    dataset: Optional[dict] = None  # the training prompts' fingerprint, saved with the GDRO state
 
 
 def hand_over(config: DictConfig, prepared: Prepared) -> DictConfig:
@@ -1254,6 +1341,8 @@ def hand_over(config: DictConfig, prepared: Prepared) -> DictConfig:
             "gdro": gdro_config_to_dict(prepared.gdro),
             "metrics_file": prepared.recipe.metrics_file,
             "runs": gdro_runs(config, prepared.gdro),
+            "restart_controller": prepared.recipe.restart_controller,
+            "dataset": prepared.data.dataset if prepared.data is not None else None,
         }
     return config
 
@@ -1266,7 +1355,13 @@ def handed_over(config: DictConfig) -> Optional[Checked]:
     if section is None:
         return None
     data = OmegaConf.to_container(section, resolve=True)
-    return Checked(gdro=gdro_config_from_dict(data["gdro"]), metrics_file=data["metrics_file"], runs=data["runs"])
+    return Checked(
+        gdro=gdro_config_from_dict(data["gdro"]),
+        metrics_file=data["metrics_file"],
+        runs=data["runs"],
+        restart_controller=bool(data.get("restart_controller", False)),
+        dataset=data.get("dataset"),
+    )
 
 
 __all__ = [

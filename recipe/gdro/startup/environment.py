@@ -45,14 +45,30 @@ def weight_sync_timeout(environ: Optional[Mapping[str, str]] = None) -> float:
     return value
 
 
-def cpu_threads(environ: Optional[Mapping[str, str]] = None) -> int:
-    """``GDRO_CPU_THREADS``: torch threads of the CPU backend's stand-ins (a whole number >= 1), default 1."""
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as a container or ``taskset`` limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads(environ: Optional[Mapping[str, str]] = None, cpus: Optional[int] = None) -> int:
+    """``GDRO_CPU_THREADS``: torch threads of the CPU backend's stand-ins, a whole number from 1 to the CPUs
+    this process may use (:func:`usable_cpus`), default 1. More is refused, not clamped: the value is the
+    user's explicit choice, and 100000 on 2 cores timed Ray's GCS out and crashed the run."""
     environ = os.environ if environ is None else environ
     raw = environ.get(CPU_THREADS_ENV, "")
     if not raw:
         return 1
     if not raw.strip().isdigit() or int(raw) < 1:
         raise GDRORecipeError(f"{CPU_THREADS_ENV}={raw!r}: expected a whole number of threads >= 1")
+    cpus = usable_cpus() if cpus is None else cpus
+    if int(raw) > cpus:
+        raise GDRORecipeError(
+            f"{CPU_THREADS_ENV}={raw!r}: this machine gives the run {cpus} CPU(s); set at most "
+            f"{CPU_THREADS_ENV}={cpus} (or unset it: 1 thread, the CPU backend's default)"
+        )
     return int(raw)
 
 

@@ -15,8 +15,12 @@ each between its ``BEGIN``/``END`` marker lines, leaving the rest of the file al
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import re
+import stat
 import sys
+import tempfile
 import typing
 from dataclasses import MISSING, Field, fields, is_dataclass
 from pathlib import Path
@@ -131,11 +135,47 @@ def main(argv: list[str] | None = None) -> int:
         for p in bad:
             print(f"{p.relative_to(ROOT)} is stale: run {COMMAND}", file=sys.stderr)
         return 1 if bad else 0
-    for p, text in generated().items():
-        if p.read_text(encoding="utf-8") != text:
-            p.write_text(text, encoding="utf-8")
-            print(f"wrote {p.relative_to(ROOT)}")
+    changed = {p: text for p, text in generated().items() if p.read_text(encoding="utf-8") != text}
+    try:
+        staged = stage_all(changed)
+    except OSError as e:
+        print(f"gen_config: error: {e}; nothing written (the files stay in step)", file=sys.stderr)
+        return 2
+    for p, tmp in staged.items():
+        os.replace(tmp, p)
+        print(f"wrote {_shown(p)}")
     return 0
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def stage_all(texts: dict[Path, str]) -> dict[Path, str]:
+    """Every file's new text written in full to a temporary file beside it (its mode kept), before any file
+    is replaced: the caller renames them all, so a file that cannot be written (read-only, a full disk, a
+    file-size limit) leaves every file as it was, never one rewritten and the other stale. Raises
+    :class:`OSError` naming the file after removing the temporary files already written."""
+    staged: dict[Path, str] = {}
+    try:
+        for path, text in texts.items():
+            if not os.access(path, os.W_OK):
+                raise OSError(errno.EACCES, f"{_shown(path)} is not writable by this user")
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            staged[path] = tmp
+            os.chmod(tmp, stat.S_IMODE(os.stat(path).st_mode))
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise OSError(e.errno, f"cannot write {_shown(path)} ({e.strerror})") from None
+    except OSError:
+        for tmp in staged.values():
+            os.unlink(tmp)
+        raise
+    return staged
 
 
 if __name__ == "__main__":

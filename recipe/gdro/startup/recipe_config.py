@@ -1,10 +1,11 @@
 """The recipe's own keys of the ``gdro:`` section: how a launch runs, not how the controllers behave.
 
-``gdro.dry_run``, ``gdro.metrics_file``, ``gdro.backend`` and ``gdro.overwrite_checkpoints`` keep their
-names (users' overrides are unchanged); the controllers' keys (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``,
-``gdro.observe``) are :class:`verl_ext.GDROConfig`'s. :func:`split_gdro_section` hands each its part.
-The choices are typed (:class:`DryRun`, :class:`Backend`), checked by OmegaConf when the section is
-merged onto :class:`RecipeConfig`, with a did-you-mean and exit 2 for anything else.
+``gdro.dry_run``, ``gdro.metrics_file``, ``gdro.backend``, ``gdro.overwrite_checkpoints`` and
+``gdro.restart_controller`` keep their names (users' overrides are unchanged); the controllers' keys
+(``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``, ``gdro.observe``) are :class:`verl_ext.GDROConfig`'s.
+:func:`split_gdro_section` hands each its part. The choices are typed (:class:`DryRun`, :class:`Backend`),
+checked by OmegaConf when the section is merged onto :class:`RecipeConfig`, with a did-you-mean and exit 2
+for anything else.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from verl_ext.config import Choice, GDROConfigError, _choice
 
-RECIPE_KEYS = ("dry_run", "metrics_file", "backend", "overwrite_checkpoints")
+RECIPE_KEYS = ("dry_run", "metrics_file", "backend", "overwrite_checkpoints", "restart_controller")
 
 
 class DryRun(Choice):
@@ -78,6 +79,19 @@ class RecipeConfig:
             "help": (
                 "``true``: let ``trainer.resume_mode=disable`` start over in a folder that holds checkpoints (its "
                 "saves overwrite the folders of the steps it saves); ``false`` refuses such a launch."
+            ),
+        },
+    )
+
+    restart_controller: bool = field(
+        default=False,
+        metadata={
+            "brief": "``true``: resume the model but start the GDRO controller afresh",
+            "help": (
+                "``true``: a resume loads verl's checkpoint (model, optimizer, dataloader, step) but not the saved "
+                "GDRO controller state (gdro_state.pkl): the binner and the adversaries start afresh. The way on "
+                "when the saved state does not fit the launch (other bins, rollout arms or training data); "
+                "``false`` restores the state and refuses one that does not fit."
             ),
         },
     )

@@ -13,7 +13,7 @@ import yaml
 from recipe_helpers.paths import REPO
 
 from recipe.gdro.experiments import study
-from recipe.gdro.experiments.protocol import TINY_LM_V1, Ledger, ProtocolError, load_protocol
+from recipe.gdro.experiments.protocol import PROTOCOL_DIR, TINY_LM_V1, Ledger, ProtocolError, load_protocol
 
 RESULTS = REPO / "results" / "tiny_lm_study"
 RESULTS_V2 = REPO / "results" / "tiny_lm_study_v2"
@@ -300,3 +300,29 @@ def test_study_results_below_a_file_is_named(tmp_path, capsys):
     for stage in ("report", "tune"):
         assert study.main([stage, "--results", str(blocker / "r")]) == 2
         assert capsys.readouterr().err.strip() == f"error: --results {blocker / 'r'}: {blocker} is a file, not a folder"
+
+
+@pytest.mark.parametrize(("stage", "spent"), [("primary", [1]), ("confirm", [300])])
+def test_a_spent_evaluation_seed_is_refused_before_any_run(tmp_path, capsys, stage, spent):
+    """Issue 44 item 6: a stage whose declared evaluation seeds another protocol spent was refused only after
+    the tune stage had rerun its runs (18 of them, > 120 s, in the shipped protocol); now before any run."""
+    proto = _protocol(tmp_path)
+    res = tmp_path / "res"
+    Ledger(res / "spent_seeds.yaml").spend("aaaa", stage, spent)
+    assert study.main([stage, "--protocol", str(proto), "--results", str(res), "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"evaluation seed {spent[0]} was spent by protocol aaaa" in err and f"of {stage}'s" in err
+    assert not list((res / "runs").glob("*.json"))  # no tune run, no baseline: nothing ran
+
+
+def test_a_report_on_another_shipped_protocols_folder_names_the_protocol_flag(tmp_path, capsys):
+    """Issue 44 item 6: ``study report`` on v1's results with v2 (the default protocol) said "move the old runs
+    to their own folder"; they are in their own folder, and --protocol is the fix."""
+    import shutil
+
+    v1 = tmp_path / "tiny_lm_study"
+    shutil.copytree(study.REPO / "results" / "tiny_lm_study" / "runs", v1 / "runs")
+    assert study.main(["report", "--results", str(v1)]) == 2
+    err = capsys.readouterr().err
+    assert "pass --protocol recipe/gdro/experiments/protocols/tiny_lm.yaml" in err and "move the old" not in err
+    assert study.main(["report", "--results", str(v1), "--protocol", str(PROTOCOL_DIR / "tiny_lm.yaml")]) == 0

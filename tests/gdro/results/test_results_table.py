@@ -324,3 +324,22 @@ def test_literal_nan_and_infinity_are_read_as_missing_with_a_warning_by_name(tmp
     assert f"results_table: warning: {run}: 2 literal NaN/Infinity value(s)" in err and "Overflow" not in err
     RP.main([str(run), "--out", str(tmp_path / "plots")])
     assert f"warning: {run}: 2 literal NaN/Infinity value(s)" in capsys.readouterr().err
+
+
+def test_a_metrics_file_with_only_a_validation_line_says_so(tmp_path, capsys):
+    """Issue 44 item 6: a run that validated at step 0 and has not finished a step writes only a validation
+    line; results.plot said "no metrics records", as for an empty file."""
+    from recipe.gdro.results import plot as RP
+    from recipe.gdro.results.metrics_io import append_validation_jsonl
+
+    path = tmp_path / "gdro_metrics.jsonl"
+    append_validation_jsonl(path, 0, {"val-core/math/acc/mean@1": 0.4})
+    assert RP.main([str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {path}: validation records only (at step 0), no training step yet: plot it once the run has "
+        "logged a step"
+    )
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert RP.main([str(empty)]) == 2 and "no metrics records" in capsys.readouterr().err

@@ -279,13 +279,14 @@ def test_preflight_on_cpu_prints_the_plan_then_refuses_cleanly(capsys, data):
     config = compose_config(base)
     assert preflight.run_preflight(config) == 2
     out, err = capsys.readouterr()
-    assert "two prompts through verl's agent loop with __rollout_n__ = 2 and 12" in out
-    assert "1/4 start-up checks passed" in out
-    assert "attn_implementation=flash_attention_2" in err  # the attention kernel first
+    # the launch's own checks (main_gdro.check_launch) include the attention kernel's: refused before the plan
+    assert "gdro preflight: error:" in err and "attn_implementation=flash_attention_2" in err
 
     config = compose_config(base + [SDPA])
     assert preflight.run_preflight(config) == 2
     out, err = capsys.readouterr()
+    assert "two prompts through verl's agent loop with __rollout_n__ = 2 and 12" in out
+    assert "1/4 start-up checks passed" in out
     assert "2/4 attention: sdpa (torch importable)" in out
     assert "no CUDA device visible" in err and "DRY_RUN=1" in err
     assert "3/4" not in out  # Ray was never started

@@ -40,8 +40,25 @@ def test_every_variable_the_recipe_reads_is_refused_naming_it(name):
             check_environment({name: value})
     check_environment({})  # unset: the defaults
     assert weight_sync_timeout({}) == 900 and weight_sync_timeout({"GDRO_WEIGHT_SYNC_TIMEOUT": "30"}) == 30
-    assert cpu_threads({}) == 1 and cpu_threads({"GDRO_CPU_THREADS": "2"}) == 2
+    assert cpu_threads({}) == 1 and cpu_threads({"GDRO_CPU_THREADS": "2"}, cpus=2) == 2
     check_environment({"GDRO_CPU_PLATFORM": "0", "GDRO_CPU_PLATFORM_SKIP_SHIMS": "shim_process_group_backend"})
+
+
+def test_more_cpu_threads_than_cpus_is_refused_before_ray(monkeypatch, capsys):
+    """Issue 44 item 5: GDRO_CPU_THREADS=100000 on 2 cores passed, Ray's GCS timed out and the run segfaulted.
+    Refused (not clamped) naming the variable and the CPU count."""
+    with pytest.raises(
+        GDRORecipeError, match=r"^GDRO_CPU_THREADS='3': this machine gives the run 2 CPU\(s\); set at most"
+    ):
+        cpu_threads({"GDRO_CPU_THREADS": "3"}, cpus=2)
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("GDRO_CPU_THREADS", "100000")
+    assert cli(["gdro.dry_run=config"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"gdro dry run: error: GDRO_CPU_THREADS='100000': this machine gives the run {cpus} CPU(s); set at most "
+        f"GDRO_CPU_THREADS={cpus} (or unset it: 1 thread, the CPU backend's default)"
+    )
 
 
 def test_no_variable_read_by_the_recipe_goes_unchecked():

@@ -63,3 +63,40 @@ def test_n_max_follows_the_appendix_rule_everywhere(n, n_max):
 def test_readme_table_says_the_derived_default_in_words():
     table = gen_config.readme_table()
     assert "| `gdro.rollout.n_max` | `null` | largest count for any prompt; `null` = 3·n̄ (" in table
+
+
+def test_a_file_that_cannot_be_written_leaves_both_files_as_they_were(tmp_path):
+    """Issue 44 item 6: gen_config rewrote gdro_trainer.yaml, then failed on the README, leaving the two out of
+    step. Copies of both, stale, under a file-size limit the README's new text passes (and the YAML's does not:
+    a limit binds root too, unlike a read-only mode): exit 2 naming the README, both files byte for byte as
+    they were, no temporary file left."""
+    import resource
+    import subprocess
+    import sys
+
+    yaml_file, readme = tmp_path / "gdro_trainer.yaml", tmp_path / "README.md"
+    for src, dst in ((gen_config.YAML_FILE, yaml_file), (gen_config.README, readme)):
+        text = src.read_text(encoding="utf-8")
+        dst.write_text(text.replace("num_bins: 10", "num_bins: 9").replace("| `10` |", "| `9` |"), encoding="utf-8")
+    before = {p: p.read_bytes() for p in (yaml_file, readme)}
+    limit = (len(before[yaml_file]) + len(before[readme])) // 2  # the YAML fits, the README does not
+    assert len(before[yaml_file]) < limit < len(before[readme])
+    code = (
+        "import sys; from pathlib import Path; from recipe.gdro.startup import gen_config as g; "
+        f"g.YAML_FILE, g.README = Path({str(yaml_file)!r}), Path({str(readme)!r}); sys.exit(g.main([]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=gen_config.ROOT,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"gen_config: error: [Errno 27] cannot write {readme} (File too large); nothing written (the files stay in "
+        "step)"
+    )
+    assert {p: p.read_bytes() for p in (yaml_file, readme)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "gdro_trainer.yaml"]

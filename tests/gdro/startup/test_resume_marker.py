@@ -13,38 +13,28 @@ from pathlib import Path
 
 import pytest
 from recipe_helpers.overrides import paper_overrides
+from recipe_helpers.saved_state import MARKER, write_checkpoint
 
-from recipe.gdro.checkpoints import GDRO_STATE_FILE
 from recipe.gdro.main_gdro import cli
 
-MARKER = "latest_checkpointed_iteration.txt"
 
-
-def write_checkpoint(root: Path, step: int, *, complete: bool = True) -> Path:
-    """``global_step_N`` as the trainer and verl write it (a crash mid-save stops before ``data.pt``)."""
-    folder = root / f"global_step_{step}"
-    (folder / "actor").mkdir(parents=True)
-    (folder / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
-    (folder / GDRO_STATE_FILE).write_bytes(b"state")
-    if complete:
-        (folder / "data.pt").write_bytes(b"dataloader")
-        (root / MARKER).write_text(str(step))
-    return folder
+def launch_argv() -> list[str]:
+    return [a for a in paper_overrides(Path("/nonexistent/dapo.parquet")) if a != "gdro.dry_run=true"]
 
 
 @pytest.fixture
 def root(tmp_path) -> Path:
-    """A run's checkpoint folder: complete steps 2 and 4, an incomplete 5 (crashed mid-save)."""
+    """A run's checkpoint folder: complete steps 2 and 4, an incomplete 5 (crashed mid-save), each with the
+    GDRO state the launch saves."""
     folder = tmp_path / "ckpt"
     for step in (2, 4):
-        write_checkpoint(folder, step)
-    write_checkpoint(folder, 5, complete=False)
+        write_checkpoint(folder, step, launch_argv())
+    write_checkpoint(folder, 5, launch_argv(), complete=False)
     return folder
 
 
 def dry_run(capsys, root: Path, *extra: str) -> tuple[int, str, str]:
-    argv = [a for a in paper_overrides(Path("/nonexistent/dapo.parquet")) if a != "gdro.dry_run=true"]
-    code = cli([*argv, "gdro.dry_run=config", f"trainer.default_local_dir={root}", *extra])
+    code = cli([*launch_argv(), "gdro.dry_run=config", f"trainer.default_local_dir={root}", *extra])
     out = capsys.readouterr()
     return code, out.out, out.err
 
