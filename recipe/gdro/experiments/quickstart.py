@@ -121,10 +121,14 @@ def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) ->
     with open(folder / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         with tqdm(total=steps, desc=f"{RUN_LABELS.get(method, method):>32s}", unit="step") as bar:
+            shown = None
             while proc.poll() is None:
                 done = _count_lines(metrics, '{"step"')
+                phase = "" if done else startup_phase(folder)
+                if phase != shown:  # drawn at once: the bar is not redrawn while it stays at 0
+                    bar.set_postfix_str(phase)
+                    shown = phase
                 bar.update(max(0, done - bar.n))
-                bar.set_postfix_str("" if done else startup_phase(folder), refresh=False)
                 time.sleep(0.5)
             bar.set_postfix_str("", refresh=False)
             bar.update(max(0, _count_lines(metrics, '{"step"') - bar.n))
