@@ -1,6 +1,10 @@
 """What a run shows a person (issue 42, items 6 and 8): the validation at the last step, the closing summary,
-the interrupt line, and library notices shown once. The launch itself (its line count, the summary as its
-last lines) is measured in docs/real_path.md; these tests are the cheap parts, each on the real code."""
+the interrupt line, and library notices shown once. These are the cheap parts, each on the real code; the
+launch itself was measured (not a test: ~3.5 min under the heavy lock): ``bash run_scripts/tiny_joint_gdro.sh
+trainer.total_training_steps=10 launch.ckpt_root=<fresh> 2>&1 | wc -l`` counted 1,369 lines before (about
+1,030 of them the TaskRunner's config dump) and 235 after, its last lines the summary; ``METHOD=joint_gdro bash
+run_scripts/cpu_backend_tiny.sh`` 18,466 before (18,316 of them TransferQueue's thread warning, in two
+formats) and 94 after. tests/gdro/test_real_path.py checks the SIGTERM line of a real run."""
 
 from __future__ import annotations
 
