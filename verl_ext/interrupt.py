@@ -48,7 +48,7 @@ _PROG: str | None = None  # set by install(prog) before run_main: a signal then 
 _RAISE = False  # run_main is running main: a signal raises Interrupted so finally blocks run
 _RECEIVED: int | None = None  # the signal the handler took: a library that turns Interrupted into a plain
 # KeyboardInterrupt (Ray's ray.get does) must not make a SIGTERM look like a Ctrl-C
-_DETAIL = "stopped"
+_DETAIL: str | Callable[[], str] = "stopped"  # run_main's detail, or set_detail's (a callable: read at exit)
 _DEADLINE: float | None = None  # seconds from the signal to the watchdog's exit (run_main's deadline)
 _EXITING = threading.Lock()  # one interrupted_exit: the main thread's or the watchdog's
 
@@ -78,7 +78,7 @@ def _handler(signum, frame):  # noqa: ARG001 - the signal module's signature
     if not _RAISE:  # still importing (install(prog) at the top of a command): nothing to unwind
         interrupted_exit(prog, signum)
     if _DEADLINE is not None:  # main's unwinding may be swallowed or stuck: end the run from a thread then
-        watchdog = threading.Timer(_DEADLINE, interrupted_exit, args=(prog, signum, _DETAIL))
+        watchdog = threading.Timer(_DEADLINE, lambda: interrupted_exit(prog, signum, _DETAIL))
         watchdog.daemon = True
         watchdog.start()
     if _STOP_AT_SIGNAL:
@@ -168,15 +168,24 @@ def after_children_stopped(fn: Callable[[], object]) -> Callable[[], None]:
     return cancel
 
 
-def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str = "stopped") -> NoReturn:
+def set_detail(detail: str | Callable[[], str]) -> None:
+    """What the interrupt line says after ``interrupted (SIGINT);`` from now on, in place of run_main's
+    ``detail``: a text, or a callable asked at exit time (e.g. the newest checkpoint then); a callable that
+    fails leaves the text ``stopped``."""
+    global _DETAIL
+    _DETAIL = detail
+
+
+def interrupted_exit(prog: str, signum: int = signal.SIGINT, detail: str | Callable[[], str] = "stopped") -> NoReturn:
     """Stop the children, print one line, exit ``128 + signum`` (module docstring)."""
-    end_process(f"{prog}: interrupted ({signal.Signals(signum).name}); {detail}", 128 + signum)
+    end_process(f"{prog}: interrupted ({signal.Signals(signum).name}); {{detail}}", 128 + signum, detail)
 
 
-def end_process(line: str, code: int) -> NoReturn:
+def end_process(line: str, code: int, detail: str | Callable[[], str] = "") -> NoReturn:
     """Stop the children, run the clean-ups of :func:`after_children_stopped`, print ``line`` to stderr and
     exit with ``code``, from any thread (a watchdog's too). Called from two threads at once, the second
-    caller waits for the first's exit."""
+    caller waits for the first's exit. A ``{detail}`` in ``line`` is replaced by ``detail`` (a callable is
+    called once the children are stopped, so it sees what they left: the newest checkpoint)."""
     _EXITING.acquire()
     if threading.current_thread() is threading.main_thread():  # signal.signal works there alone
         _ignore_signals()
@@ -190,6 +199,12 @@ def end_process(line: str, code: int) -> NoReturn:
         sys.stdout.flush()
     except (OSError, ValueError):
         pass
+    if "{detail}" in line:
+        try:
+            text = detail() if callable(detail) else detail
+        except Exception:  # noqa: BLE001 - the exit goes on with the plain detail
+            text = "stopped"
+        line = line.replace("{detail}", text)
     try:
         print(line, file=sys.stderr, flush=True)
     except (OSError, ValueError):
@@ -216,7 +231,7 @@ def run_main(
     except BaseException as exc:  # noqa: BLE001 - after a signal, whatever comes out is the interrupt
         if not isinstance(exc, KeyboardInterrupt) and _RECEIVED is None:
             raise
-        interrupted_exit(prog, getattr(exc, "signum", _RECEIVED or signal.SIGINT), detail)
+        interrupted_exit(prog, getattr(exc, "signum", _RECEIVED or signal.SIGINT), _DETAIL)
     if _RECEIVED is not None:  # main went on after the signal (a library caught the interrupt) and returned
-        interrupted_exit(prog, _RECEIVED, detail)
+        interrupted_exit(prog, _RECEIVED, _DETAIL)
     sys.exit(code)

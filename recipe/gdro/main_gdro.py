@@ -137,6 +137,9 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
     hand_over(config, prepared)  # the trainer uses what was checked here; nothing re-checks it
+    from recipe.gdro.results.summary import before_training, print_run_summary
+
+    before_training(config)  # library notices once, the interrupt line names the checkpoint (results/summary.py)
 
     from recipe.gdro.backends.cpu import is_cpu_backend
 
@@ -144,6 +147,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         from recipe.gdro.task_runner import run_cpu
 
         run_cpu(config)
+        print_run_summary(config)
         return 0
 
     # vLLM's shared-memory queues outlive its processes when Ray stops them with a signal: removed at the
@@ -163,7 +167,7 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         # an error the signal caused (a Ray actor stopped under it, a wrapped interrupt) is the interrupt:
         # Hydra would print it as a failed job and exit 1
         with errors_as_interrupt():
-            return _run_on_ray(config, stderr=sys.stderr)
+            status = _run_on_ray(config, stderr=sys.stderr)
     except KeyboardInterrupt:
         interrupted = True  # interrupted_exit stops the children first, then releases
         raise
@@ -171,6 +175,9 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         if not interrupted:
             cancel()
             release(wait=10.0)
+    if status == 0:  # after Ray is left: the last lines (the workers' forwarded output has ended)
+        print_run_summary(config)
+    return status
 
 
 def _disconnect_ray() -> None:

@@ -27,7 +27,7 @@ one run of both backends: what differs is a backend object's hooks (:class:`Verl
 
 from __future__ import annotations
 
-from pprint import pprint
+import os
 
 import ray
 import torch
@@ -43,6 +43,9 @@ def select_trainer_cls(config: DictConfig):
     return get_trainer_cls(config.trainer.v1.trainer_mode)
 
 
+RESOLVED_CONFIG_FILE = "resolved_config.yaml"
+
+
 class VerlBackend:
     """The hooks of :meth:`GDROTaskRunner.run` on verl's path (a Ray actor, verl's workers): verl's TaskRunnerV1."""
 
@@ -52,7 +55,14 @@ class VerlBackend:
         return cls
 
     def show_config(self, config: DictConfig) -> None:
-        pprint(OmegaConf.to_container(config, resolve=True))
+        """The resolved config as YAML in the run's folder (``RESOLVED_CONFIG_FILE``), one line naming it (verl's
+        TaskRunnerV1 prints it whole: about a thousand lines; the launch printed its plan already)."""
+        from verl_ext.atomic import atomic_replace
+
+        path = os.path.join(str(config.trainer.default_local_dir), RESOLVED_CONFIG_FILE)
+        with atomic_replace(path, "w") as f:
+            f.write(OmegaConf.to_yaml(config, resolve=True))
+        print(f"[gdro] the resolved config: {path}", flush=True)
 
     def check_cluster(self, config: DictConfig) -> None:
         """TransferQueue places one 1-CPU actor per storage unit and verl's resource pool 3 CPUs per GPU: refuse
@@ -113,8 +123,11 @@ class GDROTaskRunner:
         import transfer_queue as tq
         from verl.utils.logging_utils import configure_verl_logging
 
+        from recipe.gdro.logs import drop_lines, install_log_filters
+
         backend = self.backend
         configure_verl_logging()
+        install_log_filters()
         trainer_cls = backend.trainer_cls(select_trainer_cls(config))
         config.transfer_queue.enable = True
         backend.show_config(config)
@@ -130,7 +143,8 @@ class GDROTaskRunner:
             self.init_agent_loop_manager()
             backend.before_fit(self)
             start = time.perf_counter()
-            self.trainer.fit(self.agent_loop_manager)
+            with drop_lines():  # verl's raw validation dictionaries: the run's summary replaces them (recipe.gdro.logs)
+                self.trainer.fit(self.agent_loop_manager)
             succeeded = True
             backend.after_fit(self, time.perf_counter() - start)
         finally:

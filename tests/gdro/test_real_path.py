@@ -249,10 +249,14 @@ def test_sigterm_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
 
     stop = runs["sigterm"]
     assert stop["code"] == 143, stop["stderr"][-3000:]
-    assert stop["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGTERM); stopped"
+    folder = runs["resumed"] / f"global_step_{STEPS - 1}"
+    # the one line names the checkpoint a relaunch resumes from, as the lost-node line does (issue 42)
+    assert stop["stderr"].strip().splitlines()[-1] == (
+        f"gdro: interrupted (SIGTERM); stopped; the last complete checkpoint is {folder}; "
+        "relaunch the same command to resume from it"
+    )
     assert stop["seconds"] < 30
     assert stop["tree"] > 3 and not stop["left"], stop["left"]  # the run's Ray and vLLM processes, all gone
-    folder = runs["resumed"] / f"global_step_{STEPS - 1}"
     assert incomplete_reason(str(folder), with_gdro_state=True) is None
 
 

@@ -255,7 +255,11 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
     stop = signal_after(argv, env, run, 5, two_nodes["base"], signal.SIGINT, saved=4)
     print(f"two nodes: the resume ran step 5 in {stop['to_signal']:.0f} s; SIGINT ended it in {stop['seconds']:.1f} s")
     assert stop["code"] == 130, stop["stderr"][-3000:]
-    assert stop["stderr"].strip().splitlines()[-1] == "gdro: interrupted (SIGINT); stopped"
+    # the one line names the checkpoint a relaunch resumes from, as the lost-node line does (issue 42)
+    line = stop["stderr"].strip().splitlines()[-1]
+    head, tail = "gdro: interrupted (SIGINT); stopped; the last complete checkpoint is ", "; relaunch the same"
+    assert line.startswith(head) and tail in line, line
+    assert incomplete_reason(line[len(head) : line.index(tail)], with_gdro_state=True) is None
     assert "Error executing job" not in stop["stderr"]
     assert stop["seconds"] < 30
     # the launch joined the cluster: the run's processes are the cluster's children, not the driver's

@@ -177,27 +177,34 @@ def test_pool_commands_stop_their_workers(tmp_path, argv, sig):
 
 
 def test_quickstart_interrupted_stops_its_training_run(tmp_path):
-    """``quickstart``: SIGINT while its first training run (cpu_backend_tiny.sh -> main_gdro, Ray) is starting; the
-    run and everything it started are stopped, and no report is written."""
+    """``quickstart``: a rerun over a previous complete result, SIGINT after its first training step (its
+    cpu_backend_tiny.sh -> main_gdro, Ray); the run and everything it started are stopped, and the previous
+    result is as it was (before: the rerun had deleted its metrics and written 1 step of 3 there, while its
+    report still described the old run). Its partial run is beside it, in <out>.partial."""
     out = tmp_path / "qs"
-    proc = start([PY, "-m", "recipe.gdro.experiments.quickstart", "--out", str(out), "--steps", "2"])
+    (out / "grpo").mkdir(parents=True)
+    (out / "grpo" / "gdro_metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 31)))
+    (out / "report.md").write_text("# the previous run: 30 steps\n")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    proc = start([PY, "-m", "recipe.gdro.experiments.quickstart", "--out", str(out), "--steps", "3"])
+    partial = tmp_path / "qs.partial" / "grpo" / "gdro_metrics.jsonl"
     try:
 
-        def training() -> bool:
-            for p in descendants(proc):
-                try:
-                    if "recipe.gdro.main_gdro" in " ".join(p.cmdline()):
-                        return True
-                except psutil.Error:
-                    pass
+        def first_step() -> bool:
+            for path in (partial, out / "grpo" / "gdro_metrics.jsonl"):  # the latter: where it went before
+                if path.exists() and path.read_bytes() != before.get(path) and b'{"step": 1' in path.read_bytes():
+                    return True
             return False
 
-        wait_for(proc, training, what="starting main_gdro")
-        time.sleep(3.0)
-        interrupt(proc, signal.SIGINT, within=15)
+        wait_for(proc, first_step, what="training its first step")
+        err = interrupt(proc, signal.SIGINT, within=15)
     finally:
         cleanup(proc)
-    assert not (out / "report.md").exists()
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert err.strip().splitlines()[-1] == (
+        f"quickstart: interrupted (SIGINT); stopped its runs; {out} is as it was, the partial runs are in "
+        f"{tmp_path / 'qs.partial'}"
+    )
 
 
 def _run_script(script: str, cwd: Path = REPO, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:

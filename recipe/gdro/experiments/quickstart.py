@@ -6,10 +6,17 @@ Each run is ``run_scripts/cpu_backend_tiny.sh`` (``gdro.backend=cpu``: verl 0.9.
 trainer, the tiny LM sampled and trained on CPU) with the same data, seed, steps and rollout budget
 (64 prompts x 4 rollouts a step); only the adversaries differ. Its output is in ``<out>/<run>/``
 (``gdro_metrics.jsonl`` with training and validation lines, ``cpu_backend_stats.json``,
-``train.log``); a progress bar follows each run's metrics file. Then ``<out>/report.md``: per-skill
-validation accuracy before and after, mean and worst-skill accuracy, generated tokens and wall time
-per run, plots of the runs' own metrics (``recipe.gdro.results.plot``: per-bin rollout share and
-adversary weight over steps) and the validation learning curves.
+``train.log``); a progress bar follows each run's metrics file, and says what the run is doing before its
+first step (checks, Ray and TransferQueue start-up, the validation before training: about a minute). Then
+``<out>/report.md``: per-skill validation accuracy before and after, mean and worst-skill accuracy,
+generated tokens and wall time per run, plots of the runs' own metrics (``recipe.gdro.results.plot``:
+per-bin rollout share and adversary weight over steps) and the validation learning curves.
+
+A result is replaced only by a complete one: the runs and the report are written to ``<out>.partial/``
+beside ``<out>``, which takes its place (the previous result removed) once every run and the report are
+written. An interrupted or failed rerun leaves ``<out>`` as it was, its report matching its metrics, and
+its partial runs in ``<out>.partial/`` (removed by the next rerun). An ``--out`` folder holding anything a
+quick start does not write is refused (exit 2), as it would be replaced.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -44,11 +52,47 @@ NUM_VAL = 1000
 PASS_RE = re.compile(r"^gdro/val/(?P<source>[^/]+)/acc/pass@1$")
 
 
-def _count_training_lines(path: Path) -> int:
+# What a quick start writes in --out: the runs' folders, their data, the report and its figure.
+RESULT_ENTRIES = {"data", "report.md", "learning_curves.png", *RUN_LABELS}
+PLAN_DONE = "start-up checks passed"  # recipe.gdro.startup.plan: the launch's checks are over
+
+
+def _count_lines(path: Path, start: str) -> int:
     if not path.exists():
         return 0
-    with open(path, encoding="utf-8") as f:
-        return sum(1 for line in f if line.startswith('{"step"'))
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for line in f if line.startswith(start))
+
+
+def startup_phase(folder: Path) -> str:
+    """What a run in ``folder`` is doing before its first step, from its ``train.log`` and metrics file."""
+    log, metrics = folder / "train.log", folder / "gdro_metrics.jsonl"
+    if _count_lines(metrics, '{"val_step"'):
+        return "step 1"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if PLAN_DONE not in text:
+        return "checking the config and data"
+    return "starting Ray and TransferQueue, loading the model, validating before training"
+
+
+def replaceable(out: Path) -> str | None:
+    """None when ``out`` is absent, empty or a quick start's result; else an entry it holds that is not."""
+    if not out.is_dir():
+        return None
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in RESULT_ENTRIES)
+    return foreign[0] if foreign else None
+
+
+def publish(staging: Path, out: Path) -> None:
+    """``staging`` (complete) becomes ``out``; a previous result there is removed once it is out of the way."""
+    if out.exists():
+        previous = out.with_name(out.name + ".replaced")
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(out, previous)
+        os.rename(staging, out)
+        shutil.rmtree(previous)
+    else:
+        os.rename(staging, out)
 
 
 def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) -> float:
@@ -58,9 +102,6 @@ def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) ->
     folder = out / method
     folder.mkdir(parents=True, exist_ok=True)
     metrics = folder / "gdro_metrics.jsonl"
-    for stale in (metrics, folder / "cpu_backend_stats.json"):
-        if stale.exists():
-            stale.unlink()
     env = dict(os.environ, METHOD=method, DATA_DIR=str(data), OUT_DIR=str(folder), NUM_VAL=str(NUM_VAL))
     cmd = [
         "bash",
@@ -72,14 +113,25 @@ def run_one(method: str, out: Path, data: Path, steps: int, extra: list[str]) ->
         *extra,
     ]
     start = time.perf_counter()
+    print(
+        f"[quickstart] {method}: start-up (checks, Ray and TransferQueue, the validation before training) "
+        f"takes about a minute; its log: {folder / 'train.log'}",
+        flush=True,
+    )
     with open(folder / "train.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         with tqdm(total=steps, desc=f"{RUN_LABELS.get(method, method):>32s}", unit="step") as bar:
+            shown = None
             while proc.poll() is None:
-                done = _count_training_lines(metrics)
+                done = _count_lines(metrics, '{"step"')
+                phase = "" if done else startup_phase(folder)
+                if phase != shown:  # drawn at once: the bar is not redrawn while it stays at 0
+                    bar.set_postfix_str(phase)
+                    shown = phase
                 bar.update(max(0, done - bar.n))
                 time.sleep(0.5)
-            bar.update(max(0, _count_training_lines(metrics) - bar.n))
+            bar.set_postfix_str("", refresh=False)
+            bar.update(max(0, _count_lines(metrics, '{"step"') - bar.n))
     seconds = time.perf_counter() - start
     if proc.returncode:
         tail = (folder / "train.log").read_text(errors="replace").splitlines()[-30:]
@@ -230,16 +282,33 @@ def main(argv=None) -> int:
         print(f"quickstart: --steps {args.steps}: must be >= 1", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
+    staging = out.with_name(out.name + ".partial")
     blocker = next((p for p in (out, *out.parents) if p.exists()), None)
     if blocker is not None and not blocker.is_dir():
         print(f"quickstart: --out {args.out}: {blocker} is a file, not a folder", file=sys.stderr)
         return 2
-    if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
-        print(f"quickstart: --out {args.out}: {blocker} is not writable", file=sys.stderr)
+    # the runs go to <out>.partial beside --out, which then takes its place: its parent must be writable
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        print(f"quickstart: --out {args.out}: {parent} is not writable", file=sys.stderr)
         return 2
-    data = out / "data"  # made by the first cpu_backend_tiny.sh run (its NUM_TRAIN / NUM_VAL defaults)
-    walls = {m: run_one(m, out, data, args.steps, extra) for m in methods}
-    print(write_report(out, methods, walls, args.steps, args.install_seconds))
+    foreign = replaceable(out)
+    if foreign is not None:
+        print(
+            f"quickstart: --out {args.out} holds {foreign!r}, which a quick start does not write; a complete run "
+            "replaces the whole folder: give a new or a quick start's folder",
+            file=sys.stderr,
+        )
+        return 2
+    shutil.rmtree(staging, ignore_errors=True)  # an interrupted rerun's partial runs
+    from verl_ext.interrupt import set_detail
+
+    set_detail(f"stopped its runs; {out} is as it was, the partial runs are in {staging}")
+    data = staging / "data"  # made by the first cpu_backend_tiny.sh run (its NUM_TRAIN / NUM_VAL defaults)
+    walls = {m: run_one(m, staging, data, args.steps, extra) for m in methods}
+    report = write_report(staging, methods, walls, args.steps, args.install_seconds)
+    publish(staging, out)
+    print(report)
     print(f"[quickstart] report: {out / 'report.md'}")
     return 0
 
@@ -247,4 +316,4 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from verl_ext.interrupt import run_main
 
-    run_main("quickstart", main, detail="stopped its runs (their folders under --out are incomplete)")
+    run_main("quickstart", main, detail="stopped")

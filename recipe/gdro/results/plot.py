@@ -37,6 +37,12 @@ import numpy as np
 
 _GROUP_RE = re.compile(r"^gdro/(bin_\d+|unseen)/(.+)$")
 SYNTH_TAG = "[synthetic learner]"
+# Why the hardest bin can get fewer rollouts than the mean (the caption of rollouts_per_bin.png; docs/controllers.md)
+SQRT_LAW_NOTE = (
+    "sqrt allocator: n_b ∝ √(p_b(1−p_b)) minimises the batch-mean reward's variance, so a bin that nearly "
+    "always fails (p ≈ 0) gets fewer\nrollouts than the mean n̄, not more: its groups are all-fail and carry no "
+    "GRPO signal whatever n; the most go to bins near p = 0.5"
+)
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -221,13 +227,35 @@ def pass_at_k_svg(
     return buf.getvalue()
 
 
+def log_ticks(lo: float, hi: float, at_least: int = 3) -> list[float] | None:
+    """Tick values for a log axis over the data range [lo, hi]: 1-2-5 steps, else 1..9 steps of each decade,
+    else evenly spaced plain numbers (a range narrower than a factor of 2, e.g. a shadow price between 0.010
+    and 0.016, has one 1-2-5 tick); None when 1-2-5 steps already give ``at_least`` ticks."""
+    if not (0 < lo < hi and math.isfinite(hi)):
+        return None
+    decades = range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+    for step, subs in enumerate(((1, 2, 5), range(1, 10))):
+        ticks = [float(f"{m * 10.0**e:.6g}") for e in decades for m in subs if lo <= m * 10.0**e <= hi]
+        if len(ticks) >= at_least:
+            return None if step == 0 else ticks
+    top = math.floor(math.log10(hi - lo))
+    for step in (m * 10.0**e for e in range(top - 2, top + 1) for m in (1, 2, 5)):  # the finest with <= 6 ticks
+        ticks = [float(f"{k * step:.6g}") for k in range(math.ceil(lo / step), math.floor(hi / step) + 1)]
+        if len(ticks) <= 6:
+            return ticks
+    return [lo, hi]
+
+
 def log_axis(ax: Any, which: str) -> None:
-    """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    """Log scale with plain-number ticks at 1-2-5 steps (no 10^x labels, no bare minor ticks); over a narrow
+    range of the data plotted so far, the finer ticks of :func:`log_ticks`, so that at least three read."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
     getattr(ax, f"set_{which}scale")("log")
     axis = ax.yaxis if which == "y" else ax.xaxis
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = (ax.dataLim.y0, ax.dataLim.y1) if which == "y" else (ax.dataLim.x0, ax.dataLim.x1)
+    ticks = log_ticks(lo, hi)
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)) if ticks is None else FixedLocator(ticks))
     axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
 
@@ -395,7 +423,10 @@ def plot_gdro_run(
         ax.set_xlabel("step")
         ax.set_ylabel("rollouts per prompt")
         ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-        ax.set_title(f"{title}\nRollout-GDRO: rollouts per prompt per bin (bin 0 = hardest){smooth_note}", fontsize=10)
+        ax.set_title(
+            f"{title}\nRollout-GDRO: rollouts per prompt per bin (bin 0 = hardest){smooth_note}\n{SQRT_LAW_NOTE}",
+            fontsize=10,
+        )
         files.append(save_figure(fig, os.path.join(out_dir, f"{pre}rollouts_per_bin.png")))
 
         comp = rolling(s.matrix("compute_share", groups), w)
@@ -466,6 +497,15 @@ def plot_gdro_run(
 
 
 # ------------------------------------------------------------------------------------ CLI
+def run_name(path: str) -> str:
+    """The run a metrics file belongs to: its folder's name for ``gdro_metrics.jsonl`` (a run's
+    ``trainer.default_local_dir``: ``tiny_joint_gdro``), else the file's name without ``.jsonl``."""
+    path = os.path.abspath(path)
+    if os.path.basename(path) == "gdro_metrics.jsonl":
+        return os.path.basename(os.path.dirname(path)) or path
+    return os.path.splitext(os.path.basename(path))[0]
+
+
 def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
     """Plot a metrics JSONL file, a simulator output folder, or a folder of JSONL files."""
     if os.path.isdir(path):
@@ -489,7 +529,7 @@ def plot_path(path: str, out_dir: Optional[str] = None) -> list[str]:
         )
     series = Series.from_records(read_metrics_jsonl(path))
     out_dir = out_dir or os.path.join(os.path.dirname(os.path.abspath(path)), "gdro_plots")
-    name = os.path.basename(path)
+    name = run_name(path)
     if series.is_synthetic():
         title = f"{SYNTH_TAG} {name} (synthetic, not LLM evidence)"
     else:
