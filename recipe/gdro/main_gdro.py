@@ -49,7 +49,7 @@ from typing import Optional, Sequence
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.checkpoints import GDRO_STATE_FILE
+from recipe.gdro.checkpoints import GDRO_STATE_FILE, StorageFullError
 from recipe.gdro.startup.checks import (
     DATA_LISTED,
     DATA_REQUIRED,
@@ -67,10 +67,19 @@ from recipe.gdro.startup.cli import (
     format_help,
     report_compose_error,
 )
+from recipe.gdro.startup.folder_lock import FolderInUse, folder_holder, lock_output_folder
 from recipe.gdro.startup.plan import format_plan, print_dry_run
+from recipe.gdro.startup.ray_address import RayJoinError, check_ray_address, resolve_ray_address
 from recipe.gdro.startup.shm import ShmLeftovers
 from verl_ext import GDROConfigError, PromptIdError
-from verl_ext.interrupt import after_children_stopped, end_process, errors_as_interrupt, received, reinstall
+from verl_ext.interrupt import (
+    EndAtSignal,
+    after_children_stopped,
+    end_process,
+    errors_as_interrupt,
+    received,
+    reinstall,
+)
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -107,10 +116,28 @@ def check_launch(config: DictConfig, *, stderr=None):
 
     try:
         cluster_lines = cluster_checks(config, dry_run=dry).lines()
-    except GDRORecipeError as e:
+        # Ray's address (RAY_ADDRESS / ray_kwargs.ray_init.address) parsed and probed before Ray starts
+        cluster_lines.append(check_ray_address(config, dry_run=dry).line())
+        # One run per output folder: the lock is taken here, after the checks and before anything writes there
+        cluster_lines += claim_output_folder(config, dry_run=dry)
+    except (GDRORecipeError, FolderInUse) as e:
         print(f"{what}: error: {e}", file=stderr)
         return 2
     return mode, prepared, cluster_lines
+
+
+def claim_output_folder(config: DictConfig, *, dry_run: bool) -> list[str]:
+    """A launch locks ``trainer.default_local_dir`` for its process's life (:mod:`recipe.gdro.startup.folder_lock`;
+    :class:`FolderInUse` when another live launch holds it); a dry run only says who holds it. Returns the
+    plan's lines."""
+    folder = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    if not isinstance(folder, str) or not folder or "://" in folder:
+        return []
+    if dry_run:
+        holder = folder_holder(folder)
+        return [f"run lock     {folder} is in use by another launch ({holder}): a launch now is refused"] * bool(holder)
+    lock = lock_output_folder(folder)
+    return [lock.warning] if lock.warning else []
 
 
 def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=None) -> int:
@@ -128,7 +155,9 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
         return 0
 
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
-    print("\n".join([*cluster_lines, *join_existing_cluster(config)]), file=stdout, flush=True)
+    address = resolve_ray_address(config)  # checked and probed by check_launch
+    joined = join_existing_cluster(config, environ={"RAY_ADDRESS": address.address} if address.joins else {})
+    print("\n".join([*cluster_lines, *joined]), file=stdout, flush=True)
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
     hand_over(config, prepared)  # the trainer uses what was checked here; nothing re-checks it
@@ -138,7 +167,14 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
         from recipe.gdro.task_runner import run_cpu
 
-        run_cpu(config)
+        try:
+            run_cpu(config, ray_address=address.address if address.joins else None)
+        except RayJoinError as e:
+            print(f"gdro: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        except StorageFullError as e:  # a checkpoint or metrics write found the disk full
+            print(f"gdro: error: {e}", file=sys.stderr, flush=True)
+            return 1
         return 0
 
     # vLLM's shared-memory queues outlive its processes when Ray stops them with a signal: removed at the
@@ -193,11 +229,21 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
+        if isinstance(e, GDRORecipeError):  # the cluster cannot place the run (_AfterRayInit): no actor started
+            print(f"gdro: error: {e}", file=stderr, flush=True)
+            return 2
+        if not task_runner.started:  # ray.init itself failed: the cluster refused or never answered
+            print(f"gdro: error: {RayJoinError.from_init_error(config, e)}", file=stderr, flush=True)
+            return 2
         lost = _lost_nodes(e, task_runner.nodes_at_start)
         if not task_runner.watch.claim():  # the watch is ending the run over a lost node: its line is the one
             threading.Event().wait()
         if lost:
             print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=stderr, flush=True)
+            return 1
+        full = _find_cause(e, StorageFullError)  # a checkpoint or metrics write found the disk full
+        if full is not None:
+            print(f"gdro: error: {full}", file=stderr, flush=True)
             return 1
         cause = _find_cause(e, WeightSyncTimeout)
         if cause is None:
@@ -205,6 +251,7 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
         print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=stderr, flush=True)
         return 1
     finally:
+        task_runner.close()
         if not task_runner.watch.claim():
             threading.Event().wait()
     return 0
@@ -357,9 +404,19 @@ class _AfterRayInit:
         self._config = config
         self.nodes_at_start: set[str] | None = None
         self.watch = _NoWatch()
+        self.started = False
+        # a signal while ray.init waits on the cluster ends the launch at once, not when ray.init returns
+        self._during_init = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
 
     def _started(self) -> None:
+        self._during_init.stop()
+        self.started = True
         reinstall()
+        # the Ray resources the run needs, checked here on the driver: a refusal is one line, exit 2 (_run_on_ray),
+        # before verl's TaskRunner actor, rather than a RayTaskError out of it
+        from recipe.gdro.task_runner import VerlBackend
+
+        VerlBackend().check_cluster(self._config, runner_cpus=1)
         try:
             import ray
 
@@ -368,6 +425,10 @@ class _AfterRayInit:
             self.nodes_at_start = None
         if self.nodes_at_start and isinstance(self.watch, _NoWatch):
             self.watch = _LostNodeWatch(self._config, self.nodes_at_start)
+
+    def close(self) -> None:
+        """Stop the signal watch of ``ray.init`` (the run ended before the task runner started)."""
+        self._during_init.stop()
 
     def remote(self, *args, **kwargs):
         self._started()
