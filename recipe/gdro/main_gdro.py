@@ -97,6 +97,11 @@ def check_launch(config: DictConfig, *, stderr=None):
         return 2
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
+    try:  # Ray's address parsed and probed first, before the slow imports and checks: a few seconds at most
+        ray_address = check_ray_address(config, dry_run=dry)
+    except GDRORecipeError as e:
+        print(f"{what}: error: {e}", file=stderr)
+        return 2
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
@@ -115,9 +120,7 @@ def check_launch(config: DictConfig, *, stderr=None):
     from recipe.gdro.startup.cluster import cluster_checks
 
     try:
-        cluster_lines = cluster_checks(config, dry_run=dry).lines()
-        # Ray's address (RAY_ADDRESS / ray_kwargs.ray_init.address) parsed and probed before Ray starts
-        cluster_lines.append(check_ray_address(config, dry_run=dry).line())
+        cluster_lines = [*cluster_checks(config, dry_run=dry).lines(), ray_address.line()]
         # One run per output folder: the lock is taken here, after the checks and before anything writes there
         cluster_lines += claim_output_folder(config, dry_run=dry)
     except (GDRORecipeError, FolderInUse) as e:

@@ -166,8 +166,10 @@ def probe(host: str, port: int, timeout: float = PROBE_TIMEOUT_S, *, client: boo
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 have = "the token here is not the cluster's" if _auth_metadata() else "RAY_AUTH_MODE is not token here"
                 return "auth", f"a Ray GCS answers at {target} but uses token authentication and {have}"
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                return "dead", f"no Ray GCS answers at {target} within {timeout:g} s ({code.name}: {detail})"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "dead", f"no Ray GCS answers at {target} within {timeout:g} s"
+            if code == grpc.StatusCode.UNAVAILABLE:
+                return "dead", f"no Ray GCS answers at {target} ({code.name}: {detail})"
             return "foreign", f"{target} answers but is no Ray GCS ({code.name}: {detail})"
     return "ok", f"a Ray GCS answers at {target} ({time.monotonic() - start:.2f} s)"
 
