@@ -67,7 +67,7 @@ from recipe.gdro.startup.cli import (
     format_help,
     report_compose_error,
 )
-from recipe.gdro.startup.folder_lock import FolderInUse, folder_holder, lock_output_folder
+from recipe.gdro.startup.folder_lock import FolderInUse, folder_holder, lock_output_folder, release_all
 from recipe.gdro.startup.plan import format_plan, print_dry_run
 from recipe.gdro.startup.ray_address import RayJoinError, check_ray_address, resolve_ray_address
 from recipe.gdro.startup.shm import ShmLeftovers
@@ -156,7 +156,15 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     if mode is not None:
         print_dry_run(config, prepared, GDRO_STATE_FILE, stream=stdout, cluster_lines=cluster_lines)
         return 0
+    status = _train(config, prepared, cluster_lines, stdout)
+    # The output folder's lock (claim_output_folder) ends with the launch. A launch that raises (an interrupt
+    # still stopping the run's workers) keeps it until its process ends.
+    release_all()
+    return status
 
+
+def _train(config: DictConfig, prepared, cluster_lines: list[str], stdout) -> int:
+    """The checked launch: print the plan, hand the checked result over and train on the configured backend."""
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     address = resolve_ray_address(config)  # checked and probed by check_launch
     joined = join_existing_cluster(config, environ={"RAY_ADDRESS": address.address} if address.joins else {})

@@ -169,15 +169,13 @@ class Cluster:
     def kill_worker(self) -> None:
         root = psutil.Process(self.worker.pid)
         tree = [self.raylet(self.worker), root, *root.children(recursive=True)]
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _each(tree, "kill")
         psutil.wait_procs(tree, timeout=10)
         self.worker.wait(timeout=10)
 
     def shutdown(self) -> None:
+        """SIGTERM to every process of the cluster (each ``ray start`` and what runs under it), SIGKILL to
+        whatever is left 10 s later."""
         tree = []
         for node in self.nodes:
             try:
@@ -185,17 +183,17 @@ class Cluster:
                 tree += [*root.children(recursive=True), root]
             except psutil.Error:
                 continue
-        for p in tree:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(tree, timeout=10)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        _each(tree, "terminate")
+        _each(psutil.wait_procs(tree, timeout=10)[1], "kill")
+
+
+def _each(procs: list[psutil.Process], how: str) -> None:
+    """``terminate`` or ``kill`` each of ``procs`` that is still there."""
+    for p in procs:
+        try:
+            getattr(p, how)()
+        except psutil.Error:
+            pass
 
 
 def main() -> None:
