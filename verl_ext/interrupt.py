@@ -236,6 +236,13 @@ class EndAtSignal:
         finally:
             os.close(read)
 
+    def exit_if_signalled(self, exc: SystemExit) -> None:
+        """A ``SystemExit(SIGTERM)`` out of the call is a library's handler for the signal (``ray.init`` installs
+        one that calls ``sys.exit(15)``, which may run before this thread): end the process the same way."""
+        if exc.code in (signal.SIGINT, signal.SIGTERM):
+            name = signal.Signals(exc.code).name
+            end_process(f"{self._prog}: interrupted ({name}) {self._during}", 128 + int(exc.code))
+
     def stop(self) -> None:
         if self._pipe is None or self._stopped.is_set():
             return

@@ -237,6 +237,10 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     task_runner = _AfterRayInit(GDROTaskRunnerActor, config)
     try:
         run_ppo(config, task_runner_class=task_runner)
+    except SystemExit as e:  # Ray's SIGTERM handler during ray.init: the same end as the signal's
+        if not task_runner.started:
+            task_runner.during_init.exit_if_signalled(e)
+        raise
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
@@ -417,10 +421,10 @@ class _AfterRayInit:
         self.watch = _NoWatch()
         self.started = False
         # a signal while ray.init waits on the cluster ends the launch at once, not when ray.init returns
-        self._during_init = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
+        self.during_init = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
 
     def _started(self) -> None:
-        self._during_init.stop()
+        self.during_init.stop()
         self.started = True
         reinstall()
         # the Ray resources the run needs, checked here on the driver: a refusal is one line, exit 2 (_run_on_ray),
@@ -439,7 +443,7 @@ class _AfterRayInit:
 
     def close(self) -> None:
         """Stop the signal watch of ``ray.init`` (the run ended before the task runner started)."""
-        self._during_init.stop()
+        self.during_init.stop()
 
     def remote(self, *args, **kwargs):
         self._started()

@@ -182,6 +182,9 @@ def run_cpu(
         during = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
         try:
             ray.init(log_to_driver=False, **kwargs)
+        except SystemExit as e:  # Ray's own SIGTERM handler: the same end as the signal's
+            during.exit_if_signalled(e)
+            raise
         except Exception as e:  # noqa: BLE001 - the cluster refused or never answered: one line (main_gdro)
             from recipe.gdro.startup.ray_address import RayJoinError
 

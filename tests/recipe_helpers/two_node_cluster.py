@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -226,6 +227,7 @@ def main() -> None:
                     break
         finally:
             cluster.shutdown()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
