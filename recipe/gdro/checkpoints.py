@@ -33,6 +33,7 @@ logged in one line and retention goes on with the next path: it never fails a ru
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -324,3 +325,27 @@ def discard_failed_save(root: str, step: int, *, folder_existed: bool, marker_be
         f"unchanged ({last}). Free space (or lower trainer.max_actor_ckpt_to_keep) and relaunch the same command "
         "to resume"
     )
+
+
+def report_full_disk(save):
+    """Decorates a trainer's ``_save_checkpoint`` (a trainer with ``_checkpoint_root()`` and ``global_steps``):
+    a save that fails for want of room (:func:`storage_full`, asked before the clean-up frees room) is cleaned
+    up by :func:`discard_failed_save` and raised as :class:`StorageFullError`, the one line; any other error
+    is raised as it was."""
+
+    @functools.wraps(save)
+    def guarded(trainer, *args, **kwargs):
+        root, step = trainer._checkpoint_root(), trainer.global_steps
+        folder = os.path.join(root, step_folder_name(step))
+        existed = os.path.isdir(folder) and bool(os.listdir(folder))
+        marker = read_marker(root)
+        try:
+            return save(trainer, *args, **kwargs)
+        except Exception as e:
+            full = storage_full(e, folder)
+            if full is None:
+                raise
+            line = discard_failed_save(root, step, folder_existed=existed, marker_before=marker, why=full)
+            raise StorageFullError(line) from None
+
+    return guarded

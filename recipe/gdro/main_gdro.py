@@ -95,13 +95,14 @@ def check_launch(config: DictConfig, *, stderr=None):
     except GDRORecipeError as e:
         print(f"gdro: error: {e}", file=stderr)
         return 2
+    try:  # Ray's address parsed and probed first, before the slow imports and checks: a few seconds at most
+        ray_address = check_ray_address(config, dry_run=mode is not None)
+    except GDRORecipeError as e:
+        print(f"{'gdro dry run' if mode is not None else 'gdro'}: error: {e}", file=stderr)
+        return 2
+
     dry = mode is not None
     what = "gdro dry run" if dry else "gdro"
-    try:  # Ray's address parsed and probed first, before the slow imports and checks: a few seconds at most
-        ray_address = check_ray_address(config, dry_run=dry)
-    except GDRORecipeError as e:
-        print(f"{what}: error: {e}", file=stderr)
-        return 2
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 

@@ -81,14 +81,11 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from recipe.gdro.checkpoints import (
     GDRO_RESUME_RECORD,
     GDRO_STATE_FILE,
-    StorageFullError,
     checkpoint_folders,
-    discard_failed_save,
     enforce_retention,
     keep_limits,
-    read_marker,
+    report_full_disk,
     step_folder_name,
-    storage_full,
 )
 from recipe.gdro.results.metrics_io import (
     append_metrics_jsonl,
@@ -781,6 +778,7 @@ class GDROTrainerSync(PPOTrainerSync):
         root = str(self.config.trainer.default_local_dir)
         return root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
 
+    @report_full_disk
     def _save_checkpoint(self):
         saved = getattr(self, "_gdro_saved_steps", [])
         folder = os.path.join(self._checkpoint_root(), step_folder_name(self.global_steps))
@@ -792,24 +790,13 @@ class GDROTrainerSync(PPOTrainerSync):
                 self.global_steps,
                 folder,
             )
-        existed = os.path.isdir(folder) and bool(os.listdir(folder))
-        marker = read_marker(self._checkpoint_root())
-        try:
-            # The GDRO state goes first: verl writes latest_checkpointed_iteration.txt last, so a
-            # checkpoint that resume can find always has its gdro_state.pkl.
-            if self.gdro_enabled:
-                path = os.path.join(self._step_folder(self.global_steps), GDRO_STATE_FILE)
-                self.gdro.save(path)
-                logger.info("GDRO state saved to %s", path)
-            super()._save_checkpoint()
-        except Exception as e:
-            full = storage_full(e, folder)  # asked before the clean-up frees room
-            if full is None:
-                raise
-            line = discard_failed_save(
-                self._checkpoint_root(), self.global_steps, folder_existed=existed, marker_before=marker, why=full
-            )
-            raise StorageFullError(line) from None
+        # The GDRO state goes first: verl writes latest_checkpointed_iteration.txt last, so a
+        # checkpoint that resume can find always has its gdro_state.pkl.
+        if self.gdro_enabled:
+            path = os.path.join(self._step_folder(self.global_steps), GDRO_STATE_FILE)
+            self.gdro.save(path)
+            logger.info("GDRO state saved to %s", path)
+        super()._save_checkpoint()
         # From here the save is good: it is this process's (retention may delete it once the limit
         # passes it), and nothing below may fail the run.
         self._gdro_saved_steps = [*saved, self.global_steps]
