@@ -245,8 +245,8 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
-        if isinstance(e, GDRORecipeError):  # the cluster cannot place the run (_AfterRayInit): no actor started
-            print(f"gdro: error: {e}", file=stderr, flush=True)
+        if task_runner.refused is not None:  # the cluster cannot place the run (_AfterRayInit): no actor started
+            print(f"gdro: error: {task_runner.refused}", file=stderr, flush=True)
             return 2
         if not task_runner.started:  # ray.init itself failed: the cluster refused or never answered
             print(f"gdro: error: {RayJoinError.from_init_error(config, e)}", file=stderr, flush=True)
@@ -421,6 +421,7 @@ class _AfterRayInit:
         self.nodes_at_start: set[str] | None = None
         self.watch = _NoWatch()
         self.started = False
+        self.refused: GDRORecipeError | None = None  # the resource check's refusal, reported by _run_on_ray
         # a signal while ray.init waits on the cluster ends the launch at once, not when ray.init returns
         self.during_init = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
 
@@ -432,7 +433,11 @@ class _AfterRayInit:
         # before verl's TaskRunner actor, rather than a RayTaskError out of it
         from recipe.gdro.task_runner import VerlBackend
 
-        VerlBackend().check_cluster(self._config, runner_cpus=1)
+        try:
+            VerlBackend().check_cluster(self._config, runner_cpus=1)
+        except GDRORecipeError as e:
+            self.refused = e
+            raise
         try:
             import ray
 
