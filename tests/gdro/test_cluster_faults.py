@@ -158,7 +158,7 @@ def token_cluster(tmp_path_factory):
 
     base = tmp_path_factory.mktemp("cluster")
     with open(base / "nodes.log", "w") as log:
-        cluster = Cluster(base, log, node_args=("--num-cpus=16", "--num-gpus=0"), workers=0)
+        cluster = Cluster(base, log, node_args=("--num-cpus=16", "--num-gpus=0"), workers=0, dashboard=False)
         try:
             yield cluster
         finally:

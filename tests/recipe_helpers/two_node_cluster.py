@@ -68,7 +68,11 @@ class Cluster:
     """A head and ``workers`` worker nodes started by ``run_scripts/ray_node.sh`` with ``node_args`` each (the
     CPU platform's by default), token authentication on; :attr:`env` is what a launch exports to join."""
 
-    def __init__(self, base: Path, log, *, node_args: tuple[str, ...] = tuple(NODE), workers: int = 1):
+    def __init__(
+        self, base: Path, log, *, node_args: tuple[str, ...] = tuple(NODE), workers: int = 1, dashboard: bool = True
+    ):
+        """``dashboard=False`` (a head alone, ``workers=0``): no dashboard (a process that can fail to start on
+        a loaded machine), the head is waited for until its GCS answers the launch's own probe."""
         self.base, self.log, self.node_args = base, log, list(node_args)
         self.env = {
             **os.environ,
@@ -84,18 +88,39 @@ class Cluster:
         self.address = ""  # the head's GCS address as its ray start records it
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
         self.nodes: list[subprocess.Popen] = []
+        shown = ["--include-dashboard=true", f"--dashboard-port={self.dashboard_port}"] if dashboard else []
         self.head = self._start(
             "head",
             f"--port={self.port}",
-            "--include-dashboard=true",
-            f"--dashboard-port={self.dashboard_port}",
+            *(shown or ["--include-dashboard=false"]),
             f"--ray-client-server-port={free_port()}",
         )
         self.address = self._recorded_address()
-        self._wait_alive(self.head)
+        if dashboard:
+            self._wait_alive(self.head)
+        else:
+            self._wait_gcs()
         self.worker = None
         for _ in range(workers):
             self.worker = self.add_worker()
+
+    def _wait_gcs(self) -> None:
+        """Until the head's GCS answers the launch's probe (recipe.gdro.startup.ray_address) with the token."""
+        ask = (
+            "import sys\n"
+            "from recipe.gdro.startup.ray_address import parse_ray_address, probe\n"
+            "print(probe(*parse_ray_address(sys.argv[1], 'address'))[0])\n"
+        )
+        env = {**self.env, "PYTHONPATH": str(REPO)}
+        deadline = time.monotonic() + WAIT_FOR_NODES_S
+        while time.monotonic() < deadline:
+            if self.head.poll() is not None:
+                raise RuntimeError(f"ray_node.sh head ended with {self.head.returncode} (see {self.base}/nodes.log)")
+            answer = subprocess.run([sys.executable, "-c", ask, self.address], env=env, capture_output=True, text=True)
+            if answer.stdout.strip() == "ok":
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"the head's GCS at {self.address} did not answer within {WAIT_FOR_NODES_S:.0f} s")
 
     def _recorded_address(self) -> str:
         path = Path(self.temp_dir) / "ray_current_cluster"
