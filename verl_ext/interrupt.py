@@ -212,6 +212,65 @@ def end_process(line: str, code: int, detail: str | Callable[[], str] = "") -> N
     os._exit(code)
 
 
+class EndAtSignal:
+    """While the main thread waits inside a C call that does not return to Python for a long time (``ray.init``
+    retrying a cluster's GCS), a signal's Python handler runs only once the call returns (measured: ~40 s).
+    Between :meth:`start` and :meth:`stop`, a thread reads the signal module's wakeup fd, which the
+    interpreter writes the moment a signal with a Python handler arrives, and ends the process at once
+    through :func:`end_process` (one line ``PROG: interrupted (SIGTERM) <during>``, ``128 + signal``).
+    Only SIGINT and SIGTERM end it; :meth:`start` and :meth:`stop` must be called from the main thread."""
+
+    def __init__(self, prog: str, during: str):
+        self._prog, self._during = prog, during
+        self._pipe: tuple[int, int] | None = None
+        self._previous = -1
+        self._stopped = threading.Event()
+
+    def start(self) -> EndAtSignal:
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
+            return self
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self._pipe = (read, write)
+        threading.Thread(target=self._watch, args=(read,), name="end-at-signal", daemon=True).start()
+        return self
+
+    def _watch(self, read: int) -> None:
+        try:
+            while not self._stopped.is_set():
+                data = os.read(read, 64)
+                if self._stopped.is_set() or not data:
+                    return
+                for signum in data:
+                    if signum in (signal.SIGINT, signal.SIGTERM):
+                        name = signal.Signals(signum).name
+                        end_process(f"{self._prog}: interrupted ({name}) {self._during}", 128 + signum)
+        except OSError:
+            return
+        finally:
+            os.close(read)
+
+    def exit_if_signalled(self, exc: SystemExit) -> None:
+        """A ``SystemExit(SIGTERM)`` out of the call is a library's handler for the signal (``ray.init`` installs
+        one that calls ``sys.exit(15)``, which may run before this thread): end the process the same way."""
+        if exc.code in (signal.SIGINT, signal.SIGTERM):
+            name = signal.Signals(exc.code).name
+            end_process(f"{self._prog}: interrupted ({name}) {self._during}", 128 + int(exc.code))
+
+    def stop(self) -> None:
+        if self._pipe is None or self._stopped.is_set():
+            return
+        self._stopped.set()
+        signal.set_wakeup_fd(self._previous)
+        read, write = self._pipe
+        try:
+            os.write(write, b"\0")  # wakes the thread, which sees it is stopped
+        except OSError:
+            pass
+        os.close(write)  # the thread closes the read end
+
+
 def run_main(
     prog: str,
     main: Callable[..., int | None],

@@ -32,6 +32,8 @@ logged in one line and retention goes on with the next path: it never fails a ru
 
 from __future__ import annotations
 
+import errno
+import functools
 import logging
 import os
 import re
@@ -228,3 +230,122 @@ def enforce_retention(
                 e,
             )
     return deleted
+
+
+# --------------------------------------------------------------------------------------- a full disk
+# errno names of a write that failed for want of room: the disk, the user's quota, the file-size limit
+STORAGE_ERRNOS = {errno.ENOSPC: "ENOSPC", errno.EDQUOT: "EDQUOT", errno.EFBIG: "EFBIG"}
+_STORAGE_TEXT = {os.strerror(code): name for code, name in STORAGE_ERRNOS.items()}  # as a remote error prints it
+FULL_BYTES = 1 << 20  # a file system with less free space than this is full (torch's writer names no errno)
+
+
+class StorageFullError(RuntimeError):
+    """A write of the run's outputs (a checkpoint, the metrics file) failed for want of room; the message is
+    the one line the launch prints (:func:`recipe.gdro.main_gdro.run_from_config`)."""
+
+
+def _error_chain(error: BaseException | None):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        cause = getattr(error, "cause", None)  # Ray's RayTaskError holds the remote exception here
+        error = cause if isinstance(cause, BaseException) else (error.__cause__ or error.__context__)
+
+
+def storage_full(error: BaseException, folder: str) -> str | None:
+    """Why ``error``, raised while writing under ``folder``, is a full disk: the errno name in its chain
+    (:data:`STORAGE_ERRNOS`, also as a remote worker's error text names it), or, for an error that names
+    none (torch's zip writer: ``unexpected pos ...``), ``ENOSPC`` when ``folder``'s file system has less than
+    :data:`FULL_BYTES` free. None when it is not."""
+    for e in _error_chain(error):
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return f"{STORAGE_ERRNOS[e.errno]} ({os.strerror(e.errno)})"
+        for text, name in _STORAGE_TEXT.items():
+            if text in str(e):
+                return f"{name} ({text})"
+    try:
+        stat = os.statvfs(_existing(folder))
+    except OSError:
+        return None
+    free = stat.f_bavail * stat.f_frsize
+    if free < FULL_BYTES:
+        detail = f"{type(error).__name__}: {_first_line(error)}"
+        return f"ENOSPC (the file system of {folder} has {free} bytes free; {detail})"
+    return None
+
+
+def read_marker(root: str) -> bytes | None:
+    """verl's marker file under ``root`` as bytes (None when there is none)."""
+    try:
+        with open(os.path.join(root, TRACKER_FILE), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+def _existing(path: str) -> str:
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [""])[0][:160]
+
+
+def discard_failed_save(root: str, step: int, *, folder_existed: bool, marker_before: bytes | None, why: str) -> str:
+    """After a save of step ``step`` under ``root`` failed for want of room (``why``): put verl's marker
+    (:data:`TRACKER_FILE`) back as it was if the failed save touched it, remove the step folder if this save
+    made it (else only its ``*.tmp`` files: it holds files from before), and return the one line that says so."""
+    folder = os.path.join(root, step_folder_name(step))
+    marker = os.path.join(root, TRACKER_FILE)
+    try:
+        if marker_before is not None and read_marker(root) != marker_before:
+            with open(marker, "wb") as f:
+                f.write(marker_before)
+    except OSError:
+        pass
+    if not folder_existed:
+        shutil.rmtree(folder, ignore_errors=True)
+        left = f"the incomplete {folder} was removed" if not os.path.exists(folder) else f"{folder} is incomplete"
+    else:
+        for base, _, files in os.walk(folder):
+            for name in files:
+                if name.endswith(".tmp"):
+                    try:
+                        os.remove(os.path.join(base, name))
+                    except OSError:
+                        pass
+        left = f"{folder} held files from before this run and is left incomplete"
+    newest = newest_complete(root)
+    last = f"the last complete checkpoint is {newest}" if newest else f"no complete checkpoint is in {root}"
+    return (
+        f"no room to save the checkpoint of step {step}: {why} under {folder}; {left}; {TRACKER_FILE} is "
+        f"unchanged ({last}). Free space (or lower trainer.max_actor_ckpt_to_keep) and relaunch the same command "
+        "to resume"
+    )
+
+
+def report_full_disk(save):
+    """Decorates a trainer's ``_save_checkpoint`` (a trainer with ``_checkpoint_root()`` and ``global_steps``):
+    a save that fails for want of room (:func:`storage_full`, asked before the clean-up frees room) is cleaned
+    up by :func:`discard_failed_save` and raised as :class:`StorageFullError`, the one line; any other error
+    is raised as it was."""
+
+    @functools.wraps(save)
+    def guarded(trainer, *args, **kwargs):
+        root, step = trainer._checkpoint_root(), trainer.global_steps
+        folder = os.path.join(root, step_folder_name(step))
+        existed = os.path.isdir(folder) and bool(os.listdir(folder))
+        marker = read_marker(root)
+        try:
+            return save(trainer, *args, **kwargs)
+        except Exception as e:
+            full = storage_full(e, folder)
+            if full is None:
+                raise
+            line = discard_failed_save(root, step, folder_existed=existed, marker_before=marker, why=full)
+            raise StorageFullError(line) from None
+
+    return guarded

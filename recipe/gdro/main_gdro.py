@@ -49,7 +49,7 @@ from typing import Optional, Sequence
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.checkpoints import GDRO_STATE_FILE
+from recipe.gdro.checkpoints import GDRO_STATE_FILE, StorageFullError
 from recipe.gdro.startup.checks import (
     DATA_LISTED,
     DATA_REQUIRED,
@@ -67,10 +67,19 @@ from recipe.gdro.startup.cli import (
     format_help,
     report_compose_error,
 )
+from recipe.gdro.startup.folder_lock import FolderInUse, folder_holder, lock_output_folder, release_all
 from recipe.gdro.startup.plan import format_plan, print_dry_run
+from recipe.gdro.startup.ray_address import RayJoinError, check_ray_address, resolve_ray_address
 from recipe.gdro.startup.shm import ShmLeftovers
 from verl_ext import GDROConfigError, PromptIdError
-from verl_ext.interrupt import after_children_stopped, end_process, errors_as_interrupt, received, reinstall
+from verl_ext.interrupt import (
+    EndAtSignal,
+    after_children_stopped,
+    end_process,
+    errors_as_interrupt,
+    received,
+    reinstall,
+)
 
 RUN_NAME_KEYS = ("trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir")
 
@@ -89,6 +98,12 @@ def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
         return 2
     dry = mode is not None
     what = what or ("gdro dry run" if dry else "gdro")
+    try:  # Ray's address parsed and probed first, before the slow imports and checks: a few seconds at most
+        ray_address = check_ray_address(config, dry_run=dry)
+    except GDRORecipeError as e:
+        print(f"{what}: error: {e}", file=stderr)
+        return 2
+
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
     from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
 
@@ -111,11 +126,27 @@ def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
     from recipe.gdro.startup.cluster import cluster_checks
 
     try:
-        cluster_lines = cluster_checks(config, dry_run=dry).lines()
-    except GDRORecipeError as e:
+        cluster_lines = [*cluster_checks(config, dry_run=dry).lines(), ray_address.line()]
+        # One run per output folder: the lock is taken here, after the checks and before anything writes there
+        cluster_lines += claim_output_folder(config, dry_run=dry)
+    except (GDRORecipeError, FolderInUse) as e:
         print(f"{what}: error: {e}", file=stderr)
         return 2
     return mode, prepared, cluster_lines
+
+
+def claim_output_folder(config: DictConfig, *, dry_run: bool) -> list[str]:
+    """A launch locks ``trainer.default_local_dir`` for its process's life (:mod:`recipe.gdro.startup.folder_lock`;
+    :class:`FolderInUse` when another live launch holds it); a dry run only says who holds it. Returns the
+    plan's lines."""
+    folder = OmegaConf.select(config, "trainer.default_local_dir", default=None)
+    if not isinstance(folder, str) or not folder or "://" in folder:
+        return []
+    if dry_run:
+        holder = folder_holder(folder)
+        return [f"run lock     {folder} is in use by another launch ({holder}): a launch now is refused"] * bool(holder)
+    lock = lock_output_folder(folder)
+    return [lock.warning] if lock.warning else []
 
 
 def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=None) -> int:
@@ -131,9 +162,19 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     if mode is not None:
         print_dry_run(config, prepared, GDRO_STATE_FILE, stream=stdout, cluster_lines=cluster_lines)
         return 0
+    status = _train(config, prepared, cluster_lines, stdout)
+    # The output folder's lock (claim_output_folder) ends with the launch. A launch that raises (an interrupt
+    # still stopping the run's workers) keeps it until its process ends.
+    release_all()
+    return status
 
+
+def _train(config: DictConfig, prepared, cluster_lines: list[str], stdout) -> int:
+    """The checked launch: print the plan, hand the checked result over and train on the configured backend."""
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
-    print("\n".join([*cluster_lines, *join_existing_cluster(config)]), file=stdout, flush=True)
+    address = resolve_ray_address(config)  # checked and probed by check_launch
+    joined = join_existing_cluster(config, environ={"RAY_ADDRESS": address.address} if address.joins else {})
+    print("\n".join([*cluster_lines, *joined]), file=stdout, flush=True)
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)
     hand_over(config, prepared)  # the trainer uses what was checked here; nothing re-checks it
@@ -146,7 +187,14 @@ def run_from_config(config: DictConfig, *, stdout=None, stderr=None, checked=Non
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
         from recipe.gdro.task_runner import run_cpu
 
-        run_cpu(config)
+        try:
+            run_cpu(config, ray_address=address.address if address.joins else None)
+        except RayJoinError as e:
+            print(f"gdro: error: {e}", file=sys.stderr, flush=True)
+            return 2
+        except StorageFullError as e:  # a checkpoint or metrics write found the disk full
+            print(f"gdro: error: {e}", file=sys.stderr, flush=True)
+            return 1
         print_run_summary(config)
         return 0
 
@@ -202,14 +250,28 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     task_runner = _AfterRayInit(GDROTaskRunnerActor, config)
     try:
         run_ppo(config, task_runner_class=task_runner)
+    except SystemExit as e:  # Ray's SIGTERM handler during ray.init: the same end as the signal's
+        if not task_runner.started:
+            task_runner.during_init.exit_if_signalled(e)
+        raise
     except Exception as e:  # noqa: BLE001 - a lost node and a bounded weight sync that ran out are ours to report
         if received() is not None:  # the interrupt's doing: run_from_config ends it as one
             raise
+        if task_runner.refused is not None:  # the cluster cannot place the run (_AfterRayInit): no actor started
+            print(f"gdro: error: {task_runner.refused}", file=stderr, flush=True)
+            return 2
+        if not task_runner.started:  # ray.init itself failed: the cluster refused or never answered
+            print(f"gdro: error: {RayJoinError.from_init_error(config, e)}", file=stderr, flush=True)
+            return 2
         lost = _lost_nodes(e, task_runner.nodes_at_start)
         if not task_runner.watch.claim():  # the watch is ending the run over a lost node: its line is the one
             threading.Event().wait()
         if lost:
             print(f"main_gdro: error: {_lost_node_line(config, lost, e)}", file=stderr, flush=True)
+            return 1
+        full = _find_cause(e, StorageFullError)  # a checkpoint or metrics write found the disk full
+        if full is not None:
+            print(f"gdro: error: {full}", file=stderr, flush=True)
             return 1
         cause = _find_cause(e, WeightSyncTimeout)
         if cause is None:
@@ -217,6 +279,7 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
         print(f"main_gdro: error: WeightSyncTimeout: {cause}", file=stderr, flush=True)
         return 1
     finally:
+        task_runner.close()
         if not task_runner.watch.claim():
             threading.Event().wait()
     return 0
@@ -369,9 +432,24 @@ class _AfterRayInit:
         self._config = config
         self.nodes_at_start: set[str] | None = None
         self.watch = _NoWatch()
+        self.started = False
+        self.refused: GDRORecipeError | None = None  # the resource check's refusal, reported by _run_on_ray
+        # a signal while ray.init waits on the cluster ends the launch at once, not when ray.init returns
+        self.during_init = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
 
     def _started(self) -> None:
+        self.during_init.stop()
+        self.started = True
         reinstall()
+        # the Ray resources the run needs, checked here on the driver: a refusal is one line, exit 2 (_run_on_ray),
+        # before verl's TaskRunner actor, rather than a RayTaskError out of it
+        from recipe.gdro.task_runner import VerlBackend
+
+        try:
+            VerlBackend().check_cluster(self._config, runner_cpus=1)
+        except GDRORecipeError as e:
+            self.refused = e
+            raise
         try:
             import ray
 
@@ -380,6 +458,10 @@ class _AfterRayInit:
             self.nodes_at_start = None
         if self.nodes_at_start and isinstance(self.watch, _NoWatch):
             self.watch = _LostNodeWatch(self._config, self.nodes_at_start)
+
+    def close(self) -> None:
+        """Stop the signal watch of ``ray.init`` (the run ended before the task runner started)."""
+        self.during_init.stop()
 
     def remote(self, *args, **kwargs):
         self._started()

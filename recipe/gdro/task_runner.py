@@ -64,15 +64,19 @@ class VerlBackend:
             f.write(OmegaConf.to_yaml(config, resolve=True))
         print(f"[gdro] the resolved config: {path}", flush=True)
 
-    def check_cluster(self, config: DictConfig) -> None:
+    def check_cluster(self, config: DictConfig, runner_cpus: int | None = None) -> None:
         """TransferQueue places one 1-CPU actor per storage unit and verl's resource pool 3 CPUs per GPU: refuse
-        a layout this Ray cluster cannot place, rather than waiting forever (cluster.check_transfer_queue_cpus)."""
+        a layout this Ray cluster cannot place, rather than waiting forever (cluster.check_transfer_queue_cpus).
+        ``runner_cpus``: the CPUs the TaskRunner holds (default: 1 inside its actor, 0 elsewhere); the launch
+        checks on the driver, before the actor starts, with 1."""
         from recipe.gdro.startup.cluster import check_transfer_queue_cpus
 
-        in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+        if runner_cpus is None:
+            in_actor = ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+            runner_cpus = 1 if in_actor else 0
         nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")] if ray.is_initialized() else None
         check_transfer_queue_cpus(
-            config, ray.cluster_resources().get("CPU", 0), runner_cpus=1 if in_actor else 0, node_resources=nodes
+            config, ray.cluster_resources().get("CPU", 0), runner_cpus=runner_cpus, node_resources=nodes
         )
 
     def agent_loop_manager(self, config: DictConfig, trainer):
@@ -165,11 +169,16 @@ RAY_CPUS = 2
 
 
 def run_cpu(
-    config: DictConfig, trainer_mixins: tuple = (), agent_loop_options: dict | None = None, freeze_gc: bool = True
+    config: DictConfig,
+    trainer_mixins: tuple = (),
+    agent_loop_options: dict | None = None,
+    freeze_gc: bool = True,
+    ray_address: str | None = None,
 ):
-    """``gdro.backend=cpu``: start Ray (2 CPUs; TransferQueue needs it) and run :class:`GDROTaskRunner` in
-    this process with the CPU backend's hooks; returns the trainer. ``agent_loop_options`` (keyword arguments
-    of ``CPUAgentLoopManager``) and ``freeze_gc`` exist for the benchmark's baseline."""
+    """``gdro.backend=cpu``: start Ray (2 CPUs; TransferQueue needs it), or join the cluster at ``ray_address``
+    (passing it no resources), and run :class:`GDROTaskRunner` in this process with the CPU backend's hooks;
+    returns the trainer. A failed ``ray.init`` is a ``RayJoinError`` (one line). ``agent_loop_options``
+    (keyword arguments of ``CPUAgentLoopManager``) and ``freeze_gc`` exist for the benchmark's baseline."""
     from recipe.gdro.backends.cpu import CPUBackend, prepare_cpu_config
 
     prepare_cpu_config(config)
@@ -180,10 +189,23 @@ def run_cpu(
     torch.set_num_threads(cpu_threads())  # GDRO_CPU_THREADS, checked by the start-up checks
     started = False
     if not ray.is_initialized():
-        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
-        started = True
-        from verl_ext.interrupt import reinstall
+        from verl_ext.interrupt import EndAtSignal, reinstall
 
+        # joining a cluster (ray_address): its nodes declare their resources, Ray refuses num_cpus there
+        kwargs = {"address": ray_address} if ray_address else {"num_cpus": RAY_CPUS, "include_dashboard": False}
+        during = EndAtSignal("gdro", "while ray.init was connecting to Ray; no training had started").start()
+        try:
+            ray.init(log_to_driver=False, **kwargs)
+        except SystemExit as e:  # Ray's own SIGTERM handler: the same end as the signal's
+            during.exit_if_signalled(e)
+            raise
+        except Exception as e:  # noqa: BLE001 - the cluster refused or never answered: one line (main_gdro)
+            from recipe.gdro.startup.ray_address import RayJoinError
+
+            raise RayJoinError.from_init_error(config, e, ray_address) from e
+        finally:
+            during.stop()
+        started = True
         reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
     try:
         backend = CPUBackend(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc)

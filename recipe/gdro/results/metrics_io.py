@@ -32,6 +32,7 @@ No verl import: the plotting tool reads these files without verl.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -100,12 +101,30 @@ def append_validation_jsonl(path: str | os.PathLike, step: int, metrics: Mapping
 
 
 def _append_line(path: str | os.PathLike, record: dict[str, Any]) -> None:
+    """Append one line; a write that fails (a full disk: ENOSPC) leaves the file as it was (cut back to its
+    size before) and raises :class:`recipe.gdro.checkpoints.StorageFullError`, one line naming the errno and
+    the file, which stops the run: the metrics file is the run's record, a run that went on without it would
+    leave steps no file holds."""
     line = json.dumps(record, allow_nan=False, sort_keys=False) + "\n"
     folder = os.path.dirname(os.path.abspath(os.fspath(path)))
     os.makedirs(folder, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+    except OSError as e:
+        from recipe.gdro.checkpoints import STORAGE_ERRNOS, StorageFullError
+
+        try:
+            os.truncate(path, size)
+        except OSError:
+            pass
+        name = STORAGE_ERRNOS.get(e.errno) or errno.errorcode.get(e.errno or 0, type(e).__name__)
+        raise StorageFullError(
+            f"writing the metrics file {path} failed: {name} ({e.strerror or e}); the file is left as it was, the "
+            "run stops here (its last checkpoint stands). Free space and relaunch the same command to resume"
+        ) from None
 
 
 class MetricsFileWarning(UserWarning):

@@ -258,7 +258,8 @@ def check_transfer_queue_cpus(
             f"{pool} ({{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} per GPU x {n_gpus} GPUs, "
             f"trainer.n_gpus_per_node x trainer.nnodes), {tq_text}verl's TaskRunner {runner_cpus:g}. Without "
             f"them tq.init or the placement groups wait forever. Lower {TQ_UNITS_KEY} "
-            "or give Ray more CPUs (ray_kwargs.ray_init.num_cpus / ray start --num-cpus)"
+            "or give Ray more CPUs (a one-node Ray: ray_kwargs.ray_init.num_cpus; a cluster: ray start --num-cpus=N "
+            "on each node, run_scripts/ray_node.sh --num-cpus N)"
         )
     if node_resources is not None:
         per_node = int(config.trainer.n_gpus_per_node)
@@ -274,7 +275,9 @@ def check_transfer_queue_cpus(
                 f"trainer.nnodes={nnodes} x trainer.n_gpus_per_node={per_node}: verl places one placement group "
                 f"of {per_node} bundles {{CPU: {RESOURCE_POOL_CPUS_PER_GPU}, GPU: 1}} on each node, so "
                 f"{nnodes} node(s) need >= {per_node} GPUs and >= {RESOURCE_POOL_CPUS_PER_GPU * per_node} CPUs "
-                f"each; {len(fit)} of the Ray nodes do ({seen})"
+                f"each; {len(fit)} of the Ray nodes do ({seen}). Start each node with them (ray start "
+                f"--num-gpus={per_node} --num-cpus=N, run_scripts/ray_node.sh --num-gpus {per_node} --num-cpus N; "
+                "on the CPU platform the GPU is a logical one), or lower trainer.nnodes / trainer.n_gpus_per_node"
             )
 
 
