@@ -113,6 +113,16 @@ RUN_CODE = (
 # committed runs keep their keys and their report reproduces.
 PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
 ADDED_SINCE_V1 = ("num_test",)
+# Controller settings (verl_ext's GDROConfig, ``section.field``) added after a protocol's runs were made:
+# its run keys (``method_config``) leave them out while they are at their defaults, so the committed runs
+# keep their keys and their report reproduces; a run of that protocol with another value is refused.
+METHOD_FIELDS_ADDED = {
+    # tiny_lm_v2: fixed_tail_share's settings (issue 45)
+    "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be": (
+        "rollout.tail_threshold",
+        "rollout.tail_share_factor",
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -160,7 +170,14 @@ def run_config(
     from verl_ext.config import gdro_config_from_dict
 
     # every field of the controller's config, defaults included: what the run's GDROController reads
-    config["method_config"] = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
+    resolved = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
+    defaults = asdict(gdro_config_from_dict({}))
+    for name in METHOD_FIELDS_ADDED.get(protocol.hash, ()):
+        section, key = name.split(".")
+        if resolved[section][key] != defaults[section][key]:
+            raise ValueError(f"gdro.{name}={resolved[section][key]}: this protocol's runs predate it")
+        del resolved[section][key]
+    config["method_config"] = resolved
     config["code"] = code
     return config
 
