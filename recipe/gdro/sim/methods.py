@@ -16,6 +16,9 @@ always win (they are what defines it).
 ``rollout_gdro:rollout.allocator=bandit``      the per-bin Hedge allocator + DP (also ``knapsack``,
                                                ``discovery``)
 ``joint_gdro``                                 both adversaries, hysteresis 0.03
+``rollout_gdro_failure_weighted``              Rollout-GDRO with ``failure_weighted`` (joint form:
+                                               ``joint_gdro_failure_weighted``); by name only, not in
+                                               :func:`default_methods`
 ``…:rollout.budget=tokens``                    the token budget (expected tokens <= uniform's)
 =============================================  ==========================================================
 """
