@@ -62,3 +62,18 @@ def test_the_report_shows_the_tails_rollouts_and_groups_without_gradient_and_not
     assert row[0] == "| rollout_gdro_failure_weighted | 6.00 | 0.600 | 0.600 | 25% | 3.00 | 4.00 | 500 |"
     assert "| rollout_gdro_failure_weighted | 3.60 / 0.080 | 4.67 / 0.500 |" in text
     assert study.allocation_text([("grpo", [_run([interval]), {"tokens": 1}])]) == []
+
+
+def test_settings_added_since_v2_stay_out_of_its_run_keys_and_another_value_is_refused():
+    """tiny_lm_v2's committed runs are found by their keys (test_study.py rebuilds its report): the
+    fixed_tail_share settings, added after them, are left out of its keys at their defaults."""
+    import pytest
+
+    from recipe.gdro.experiments.protocol import load_protocol
+
+    v2 = load_protocol()
+    assert v2.data["name"] == "tiny_lm_v2"
+    rollout = study.run_config(v2, "rollout_gdro", 1e-3, 0)["method_config"]["rollout"]
+    assert "tail_threshold" not in rollout and "tail_share_factor" not in rollout and rollout["allocator"] == "sqrt"
+    with pytest.raises(ValueError, match=r"gdro.rollout.tail_threshold=0.2: this protocol's runs predate it"):
+        study.run_config(v2, "rollout_gdro", 1e-3, 0, gdro={"rollout": {"tail_threshold": 0.2}})
