@@ -190,7 +190,7 @@ class BinnerConfig:
     half_life: float | None = field(
         default=None,
         metadata={
-            "brief": "``null`` = plain window mean; h = visit j ago weighted 2^(−j/h)",
+            "brief": "``null`` = window mean; h: visit j ago weighs 2^(−j/h)",
             "range": Range(lo=0, lo_open=True),
             "help": (
                 "recency weighting of a prompt's visits, in visits. ``null`` (default): the plain mean over the "
@@ -337,7 +337,7 @@ class PromptGDROConfig:
     normalize: NormalizeMode = field(
         default=NormalizeMode.advantage_mass,
         metadata={
-            "brief": "``advantage_mass`` (Σ|A·m| = Σ|A|) or ``all_responses`` (mean 1, released)",
+            "brief": "``advantage_mass`` (keeps Σ|A|) or ``all_responses`` (mean 1)",
             "help": (
                 "how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A| over the batch, so "
                 "Prompt-GDRO changes the update's direction, not its size (needs |A| per response). "
@@ -359,7 +359,7 @@ class PromptGDROConfig:
     min_group_prompts: float = field(
         default=8.0,
         metadata={
-            "brief": "k₀: a bin of c prompts moves by β·c/(c+k₀); ``0`` = off",
+            "brief": "k₀, evidence pseudo-count; ``0`` = off",
             "range": Range(lo=0),
             "help": (
                 "k0, evidence pseudo-count. A bin with c prompts in the batch moves its score by β·c/(c+k0) of "
@@ -372,7 +372,7 @@ class PromptGDROConfig:
     score_init: ScoreInit = field(
         default=ScoreInit.first_observation,
         metadata={
-            "brief": "``first_observation``, or the paper's S₀ = 0 (``zero``)",
+            "brief": "``first_observation`` or the paper's S₀ = 0 (``zero``)",
             "help": (
                 "where a bin's score starts. ``first_observation`` (default): the bin's first observation sets it"
                 " (shrunk toward the batch's reference level), so a bin first seen late is not under-weighted for"
@@ -420,10 +420,10 @@ class RolloutGDROConfig:
                 "arms with an exact-budget DP; not the paper's EXP3P, see :mod:`verl_ext.rollout_gdro`; "
                 "``bandit`` is its earlier name and runs the same code), ``knapsack`` (Knapsack-RL's value rule),"
                 " ``discovery`` (most expected groups with both a success and a failure, under a Beta posterior"
-                " per prompt), ``failure_weighted`` (the same groups, each weighted by the prompt's failure rate "
-                "1 - p: rollouts toward the prompts the policy fails), ``fixed_tail_share`` (a positive control "
-                "for studies: ``tail_share_factor`` · n̄ to every prompt with windowed p̂ < ``tail_threshold``), "
-                "``uniform``."
+                " per prompt), ``failure_weighted`` (the same groups, each weighted by the slope of the "
+                "prompt's pass@k, k (1 - p)^(k-1): rollouts toward the prompts the policy fails), "
+                "``fixed_tail_share`` (a positive control for studies: ``tail_share_factor`` · n̄ to every prompt "
+                "with windowed p̂ < ``tail_threshold``), ``uniform``."
             ),
         },
     )
@@ -497,7 +497,7 @@ class RolloutGDROConfig:
     variance_floor: float = field(
         default=1e-3,
         metadata={
-            "brief": "lower bound on v_b",
+            "brief": "floor on v_b",
             "range": Range(0, 1, lo_open=True),
             "help": "lower bound on v_b, so a solved bin still has a finite price.",
         },
@@ -572,10 +572,22 @@ class RolloutGDROConfig:
             ),
         },
     )
+    failure_weight_k: int = field(
+        default=8,
+        metadata={
+            "brief": "``failure_weighted``: pass@k's k",
+            "range": Range(lo=1, integer=True),
+            "help": (
+                "``failure_weighted`` only: each prompt's informative groups are weighted by the slope of its "
+                "pass@k, k (1 - p)^(k-1) (2: the failure rate 1 - p; 1: ``discovery``'s unweighted count; the "
+                "default 8 is the studies' pass@8)."
+            ),
+        },
+    )
     tail_threshold: float = field(
         default=0.1,
         metadata={
-            "brief": "control: tail = windowed p̂ below it",
+            "brief": "control: p̂ below it = tail",
             "range": Range(0, 1, lo_open=True),
             "help": (
                 "``fixed_tail_share`` only (a positive control): a prompt seen in its window with pass rate p̂ "
@@ -586,7 +598,7 @@ class RolloutGDROConfig:
     tail_share_factor: float = field(
         default=2.0,
         metadata={
-            "brief": "control: a tail prompt's count / n̄",
+            "brief": "control: tail count / n̄",
             "range": Range(lo=1),
             "help": (
                 "``fixed_tail_share`` only: each tail prompt gets this times n̄ rollouts (at most n_max), the "
@@ -597,7 +609,7 @@ class RolloutGDROConfig:
     length_beta: float = field(
         default=0.3,
         metadata={
-            "brief": "EMA rate of mean response length ĉ",
+            "brief": "EMA rate of response length ĉ",
             "range": Range(0, 1, lo_open=True),
             "help": (
                 "EMA rate of the per-prompt (per visit) and per-bin (per step) mean response length ĉ, kept for "

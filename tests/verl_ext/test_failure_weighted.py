@@ -9,34 +9,39 @@ import pytest
 from scipy import integrate, stats
 
 from verl_ext import GDROController, RolloutGDRO, RolloutGDROConfig, gdro_config_from_dict
-from verl_ext.rollout_gdro import failure_weighted_gains, fixed_tail_share
+from verl_ext.rollout_gdro import failure_weighted_gains, fixed_tail_share, informative_probability
 
 
-def _value(k: float, m: float, n: int) -> float:
-    """V(n) = E[(1 - p)(1 - p^n - (1 - p)^n)], p ~ Beta(k + ½, m - k + ½), by numerical integration
-    (independent of the closed-form Beta moments the allocator uses)."""
+def _value(k: float, m: float, n: int, pass_k: int = 8) -> float:
+    """V(n) = E[(1 - p)^(pass_k - 1) (1 - p^n - (1 - p)^n)], p ~ Beta(k + ½, m - k + ½), by numerical
+    integration (independent of the closed-form Beta moments the allocator uses)."""
     post = stats.beta(k + 0.5, m - k + 0.5)
-    f = lambda p: (1 - p) * (1 - p**n - (1 - p) ** n) * post.pdf(p)  # noqa: E731
+    f = lambda p: (1 - p) ** (pass_k - 1) * (1 - p**n - (1 - p) ** n) * post.pdf(p)  # noqa: E731
     return integrate.quad(f, 0, 1, points=[1e-6, 1e-3, 0.5, 1 - 1e-3], limit=200)[0]
 
 
+@pytest.mark.parametrize("pass_k", [1, 2, 8])
 @pytest.mark.parametrize("k, m", [(0, 0), (0, 12), (3, 4), (1.5, 7.25), (0, 200)])
-def test_gains_are_the_increments_of_the_failure_weighted_value(k, m):
-    got = failure_weighted_gains(np.array([k]), np.array([m]), 2, 9)[0]
-    want = [_value(k, m, n + 1) - _value(k, m, n) for n in range(2, 9)]
+def test_gains_are_the_increments_of_the_failure_weighted_value(k, m, pass_k):
+    got = failure_weighted_gains(np.array([k]), np.array([m]), 2, 9, pass_k)[0]
+    want = [_value(k, m, n + 1, pass_k) - _value(k, m, n, pass_k) for n in range(2, 9)]
     assert got == pytest.approx(want, rel=1e-6, abs=1e-10)
     assert np.all(np.diff(got) < 0)  # concave: the greedy top-k is exact
+    if pass_k == 1:  # no weight: discovery's value
+        assert got == pytest.approx(np.diff(informative_probability([k], [m], 9)[0, 2:]), rel=1e-9, abs=1e-15)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_failure_weighted_allocation_is_the_brute_force_optimum(seed):
+@pytest.mark.parametrize("seed, pass_k", [(s, pk) for s in range(4) for pk in (2, 8)])
+def test_failure_weighted_allocation_is_the_brute_force_optimum(seed, pass_k):
     """Σ_i V_i(n_i) under Σ n_i = B n̄ and the bounds, against every allocation of a batch of 4."""
     rng = np.random.default_rng(seed)
     m = rng.integers(0, 30, 4)
     k = rng.binomial(m, rng.random(4) ** 2)  # skewed toward failures
-    cfg = RolloutGDROConfig(enable=True, allocator="failure_weighted", n_min=2, n_mean=4, n_max=9)
+    cfg = RolloutGDROConfig(
+        enable=True, allocator="failure_weighted", n_min=2, n_mean=4, n_max=9, failure_weight_k=pass_k
+    )
     n = RolloutGDRO(cfg, num_groups=1).allocate(np.zeros(4, dtype=np.int64), window_counts=(k, m))
-    table = np.array([[_value(k[i], m[i], c) for c in range(10)] for i in range(4)])
+    table = np.array([[_value(k[i], m[i], c, pass_k) for c in range(10)] for i in range(4)])
 
     def value(alloc):
         return float(sum(table[i, a] for i, a in enumerate(alloc)))

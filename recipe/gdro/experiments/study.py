@@ -124,8 +124,9 @@ ADDED_SINCE_V1 = ("num_test",)
 # its run keys (``method_config``) leave them out while they are at their defaults, so the committed runs
 # keep their keys and their report reproduces; a run of that protocol with another value is refused.
 METHOD_FIELDS_ADDED = {
-    # tiny_lm_v2: fixed_tail_share's settings (issue 45)
+    # tiny_lm_v2: failure_weighted's and fixed_tail_share's settings (issue 45)
     "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be": (
+        "rollout.failure_weight_k",
         "rollout.tail_threshold",
         "rollout.tail_share_factor",
     ),
