@@ -54,6 +54,8 @@ class Allocator(Choice):
     bandit = "bandit"  # the earlier name of hedge (runs the same code)
     knapsack = "knapsack"
     discovery = "discovery"
+    failure_weighted = "failure_weighted"
+    fixed_tail_share = "fixed_tail_share"  # a positive control for studies, not a method
     uniform = "uniform"
 
 
@@ -166,7 +168,7 @@ class BinnerConfig:
     bin_edges: list[float] | None = field(
         default=None,
         metadata={
-            "brief": "explicit edges ``[0, ..., 1]`` (K + 1 edges); overrides ``num_bins``",
+            "brief": "explicit edges ``[0, ..., 1]``; overrides ``num_bins``",
             "help": (
                 "explicit edges 0 = a_0 < a_1 < ... < a_K = 1 on windowed accuracy (K + 1 edges give K bins [a_k,"
                 " a_{k+1}), the last closed). Bin 0 is the hardest. The released code's [0, .1, .2, .4, .6, .8, "
@@ -177,7 +179,7 @@ class BinnerConfig:
     window: int = field(
         default=50,
         metadata={
-            "brief": "H, visits in each prompt's sliding window",
+            "brief": "H, visits in a prompt's sliding window",
             "range": Range(lo=1, integer=True),
             "help": (
                 "H, the number of most recent visits a prompt's statistic is computed over (authors' scripts: 50 "
@@ -188,7 +190,7 @@ class BinnerConfig:
     half_life: float | None = field(
         default=None,
         metadata={
-            "brief": "``null`` = plain window mean; h = visit j ago weighted 2^(−j/h)",
+            "brief": "``null`` = window mean; h: visit j ago weighs 2^(−j/h)",
             "range": Range(lo=0, lo_open=True),
             "help": (
                 "recency weighting of a prompt's visits, in visits. ``null`` (default): the plain mean over the "
@@ -290,7 +292,7 @@ class PromptGDROConfig:
     score_clip: float = field(
         default=5.0,
         metadata={
-            "brief": "C, score clip before exponentiation (ours)",
+            "brief": "C, score clip before exp (ours)",
             "range": Range(lo=0, lo_open=True),
             "help": "C, the score clip before exponentiation (keeps ω finite).",
         },
@@ -306,7 +308,7 @@ class PromptGDROConfig:
     share_floor: float = field(
         default=0.01,
         metadata={
-            "brief": "floor on the realised share q̂(b) in the debiasing",
+            "brief": "floor on the realised share q̂(b)",
             "range": Range(0, 1, lo_open=True),
             "help": "floor on the realised batch share q̂(b) in the debiasing division.",
         },
@@ -335,7 +337,7 @@ class PromptGDROConfig:
     normalize: NormalizeMode = field(
         default=NormalizeMode.advantage_mass,
         metadata={
-            "brief": "``advantage_mass`` (Σ|A·m| = Σ|A|) or ``all_responses`` (mean 1, released code)",
+            "brief": "``advantage_mass`` (keeps Σ|A|) or ``all_responses`` (mean 1)",
             "help": (
                 "how multipliers are normalised. ``advantage_mass`` (default): Σ|A·m| = Σ|A| over the batch, so "
                 "Prompt-GDRO changes the update's direction, not its size (needs |A| per response). "
@@ -347,7 +349,7 @@ class PromptGDROConfig:
     lagged: bool = field(
         default=False,
         metadata={
-            "brief": "weights from the scores before (``true``) or after this step's update",
+            "brief": "``true``: weights from the scores before this step's update",
             "help": (
                 "weights from the scores before this step's update (the step's own outcomes do not scale its own "
                 "advantages); false uses the updated scores."
@@ -357,7 +359,7 @@ class PromptGDROConfig:
     min_group_prompts: float = field(
         default=8.0,
         metadata={
-            "brief": "k₀: a bin of c prompts moves by β·c/(c+k₀); ``0`` = off",
+            "brief": "k₀, evidence pseudo-count; ``0`` = off",
             "range": Range(lo=0),
             "help": (
                 "k0, evidence pseudo-count. A bin with c prompts in the batch moves its score by β·c/(c+k0) of "
@@ -370,7 +372,7 @@ class PromptGDROConfig:
     score_init: ScoreInit = field(
         default=ScoreInit.first_observation,
         metadata={
-            "brief": "``first_observation``, or the paper's S₀ = 0 (``zero``)",
+            "brief": "``first_observation`` or the paper's S₀ = 0 (``zero``)",
             "help": (
                 "where a bin's score starts. ``first_observation`` (default): the bin's first observation sets it"
                 " (shrunk toward the batch's reference level), so a bin first seen late is not under-weighted for"
@@ -410,22 +412,25 @@ class RolloutGDROConfig:
         default=Allocator.sqrt,
         metadata={
             "brief": (
-                "``sqrt`` (Eq. 17-21), ``hedge`` (full-information Hedge; ``bandit`` alias), ``knapsack``, "
-                "``discovery``, ``uniform``"
+                "``sqrt`` (Eq. 17-21), ``hedge`` (``bandit`` alias), ``knapsack``, ``discovery``, "
+                "``failure_weighted``, ``fixed_tail_share`` (control), ``uniform``"
             ),
             "help": (
                 "``sqrt`` (square-root law via the shadow price), ``hedge`` (per-bin full-information Hedge over "
                 "arms with an exact-budget DP; not the paper's EXP3P, see :mod:`verl_ext.rollout_gdro`; "
                 "``bandit`` is its earlier name and runs the same code), ``knapsack`` (Knapsack-RL's value rule),"
                 " ``discovery`` (most expected groups with both a success and a failure, under a Beta posterior"
-                " per prompt), ``uniform``."
+                " per prompt), ``failure_weighted`` (the same groups, each weighted by the slope of the "
+                "prompt's pass@k, k (1 - p)^(k-1): rollouts toward the prompts the policy fails), "
+                "``fixed_tail_share`` (a positive control for studies: ``tail_share_factor`` · n̄ to every prompt "
+                "with windowed p̂ < ``tail_threshold``), ``uniform``."
             ),
         },
     )
     n_mean: int = field(
         default=4,
         metadata={
-            "brief": "n̄; tied to ``actor_rollout_ref.rollout.n`` (set that one)",
+            "brief": "n̄; follows ``actor_rollout_ref.rollout.n`` (set that)",
             "help": (
                 "n̄, the mean rollouts per prompt; Σ_i n(x_i) = B · n̄ exactly every step. The recipe ties it to "
                 "``actor_rollout_ref.rollout.n``."
@@ -445,7 +450,7 @@ class RolloutGDROConfig:
     n_max: int | None = field(
         default=None,
         metadata={
-            "brief": "largest count for any prompt; ``null`` = 3·n̄ (the appendix's 12 at n̄ = 4)",
+            "brief": "largest count for any prompt; ``null`` = 3·n̄ (appendix: 12)",
             "derived": True,
             "help": (
                 "largest count for any prompt. ``null`` (default): N_MAX_PER_MEAN · n̄ = 3·n̄, the appendix's rule "
@@ -468,7 +473,7 @@ class RolloutGDROConfig:
     mu_init: float | None = field(
         default=None,
         metadata={
-            "brief": "initial μ; ``null`` clears the first budget exactly",
+            "brief": "initial μ; ``null`` clears the first budget",
             "range": Range(lo=0, lo_open=True),
             "help": "initial μ; ``None`` clears the first batch's budget exactly.",
         },
@@ -476,7 +481,7 @@ class RolloutGDROConfig:
     variance_beta: float = field(
         default=0.1,
         metadata={
-            "brief": "EMA rate of each bin's reward variance v_b",
+            "brief": "EMA rate of each bin's variance v_b",
             "range": Range(0, 1, lo_open=True),
             "help": "EMA rate of each bin's within-group reward variance v_b.",
         },
@@ -492,7 +497,7 @@ class RolloutGDROConfig:
     variance_floor: float = field(
         default=1e-3,
         metadata={
-            "brief": "lower bound on v_b",
+            "brief": "floor on v_b",
             "range": Range(0, 1, lo_open=True),
             "help": "lower bound on v_b, so a solved bin still has a finite price.",
         },
@@ -500,7 +505,7 @@ class RolloutGDROConfig:
     variance_source: VarianceSource = field(
         default=VarianceSource.bin,
         metadata={
-            "brief": "``bin`` (v_b) or ``prompt`` (per-prompt, shrunk toward v_b)",
+            "brief": "``bin`` (v_b) or ``prompt`` (own, shrunk toward v_b)",
             "help": (
                 "the variance the ``sqrt`` allocator and the exact-budget repair use per prompt. ``bin``: the "
                 "bin's v_b. ``prompt``: the prompt's own windowed variance shrunk toward v_b (see "
@@ -519,7 +524,7 @@ class RolloutGDROConfig:
     bandit_eta: float = field(
         default=5.0,
         metadata={
-            "brief": "``hedge``: learning rate (released code: 0.65)",
+            "brief": "``hedge``: learning rate (released: 0.65)",
             "range": Range(lo=0, lo_open=True),
             "help": "``hedge``: learning rate on the per-(bin, arm) scores rescaled to [0, 1] per bin.",
         },
@@ -535,7 +540,7 @@ class RolloutGDROConfig:
     bandit_beta: float = field(
         default=0.12,
         metadata={
-            "brief": "``hedge``: EMA rate of arm scores (released code: 0.4)",
+            "brief": "``hedge``: EMA rate of arm scores (released: 0.4)",
             "range": Range(0, 1, lo_open=True),
             "help": "``hedge``: EMA rate of the per-(bin, arm) scores.",
         },
@@ -547,7 +552,7 @@ class RolloutGDROConfig:
     budget: Budget = field(
         default=Budget.rollouts,
         metadata={
-            "brief": "``rollouts`` (Σn = B·n̄) or ``tokens`` (also expected tokens ≤ uniform's)",
+            "brief": "``rollouts`` (Σn = B·n̄) or ``tokens`` (also tokens ≤ uniform's)",
             "help": (
                 "what the allocation holds fixed. ``rollouts``: Σ n = B·n̄ only. ``tokens``: also the expected "
                 "generated tokens Σ n_x ĉ_x <= Σ n̄ ĉ_x (the uniform allocation's), via a second dual variable λ "
@@ -567,10 +572,44 @@ class RolloutGDROConfig:
             ),
         },
     )
+    failure_weight_k: int = field(
+        default=8,
+        metadata={
+            "brief": "``failure_weighted``: pass@k's k",
+            "range": Range(lo=1, integer=True),
+            "help": (
+                "``failure_weighted`` only: each prompt's informative groups are weighted by the slope of its "
+                "pass@k, k (1 - p)^(k-1) (2: the failure rate 1 - p; 1: ``discovery``'s unweighted count; the "
+                "default 8 is the studies' pass@8)."
+            ),
+        },
+    )
+    tail_threshold: float = field(
+        default=0.1,
+        metadata={
+            "brief": "control: p̂ below it = tail",
+            "range": Range(0, 1, lo_open=True),
+            "help": (
+                "``fixed_tail_share`` only (a positive control): a prompt seen in its window with pass rate p̂ "
+                "below this is in the tail; unseen prompts never are."
+            ),
+        },
+    )
+    tail_share_factor: float = field(
+        default=2.0,
+        metadata={
+            "brief": "control: tail count / n̄",
+            "range": Range(lo=1),
+            "help": (
+                "``fixed_tail_share`` only: each tail prompt gets this times n̄ rollouts (at most n_max), the "
+                "others share the rest equally (at least n_min; a tail too large for it shares what is left)."
+            ),
+        },
+    )
     length_beta: float = field(
         default=0.3,
         metadata={
-            "brief": "EMA rate of mean response length ĉ",
+            "brief": "EMA rate of response length ĉ",
             "range": Range(0, 1, lo_open=True),
             "help": (
                 "EMA rate of the per-prompt (per visit) and per-bin (per step) mean response length ĉ, kept for "
@@ -581,7 +620,7 @@ class RolloutGDROConfig:
     length_shrinkage: float = field(
         default=8.0,
         metadata={
-            "brief": "κ, weight of the bin's mean length in a prompt's ĉ",
+            "brief": "κ, weight of the bin's mean length in ĉ",
             "range": Range(lo=0),
             "help": (
                 "κ, the prior strength (in responses) of the bin's mean length in a prompt's expected length ĉ "
@@ -636,7 +675,7 @@ class GDROConfig:
     observe: bool = field(
         default=True,
         metadata={
-            "brief": "adversaries off: still bin and log ``gdro/*`` (training = GRPO); ``false`` skips GDRO",
+            "brief": "adversaries off: still bin and log ``gdro/*``; ``false`` skips GDRO",
             "help": (
                 "with both adversaries off, still run the binner and log the ``gdro/*`` metrics (advantages and "
                 "rollout counts stay exactly verl's), so a GRPO baseline can be compared with the GDRO runs bin "

@@ -36,7 +36,7 @@ from verl_ext.atomic import atomic_replace
 from verl_ext.binner import BinnerUpdate, OnlineDifficultyBinner, aggregate_responses, check_prompt_ids
 from verl_ext.config import GDROConfig, gdro_config_to_dict
 from verl_ext.prompt_gdro import PromptGDRO, prompt_loss
-from verl_ext.rollout_gdro import RolloutGDRO, allocation_quality
+from verl_ext.rollout_gdro import WINDOW_ALLOCATORS, RolloutGDRO, allocation_quality
 from verl_ext.tokens import LengthTracker, token_weighted_loss
 
 # 2: Prompt-GDRO keeps per-group ``observed`` flags (scores start from a bin's first observation).
@@ -116,7 +116,7 @@ class GDROController:
                 accuracy,
                 v_prompt if rc.variance_source == "prompt" else None,
                 prompt_cost=cost if rc.budget == "tokens" else None,
-                window_counts=(window_correct, window_rollouts) if rc.allocator == "discovery" else None,
+                window_counts=(window_correct, window_rollouts) if rc.allocator in WINDOW_ALLOCATORS else None,
             )
         else:
             counts = np.full(len(ids), rc.n_mean, dtype=np.int64)

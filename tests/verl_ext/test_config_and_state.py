@@ -107,6 +107,8 @@ def _run(ctl, rng_seed, steps, num_prompts, start=0):
         ("bandit", {}, {}),
         ("knapsack", {}, {}),
         ("discovery", {}, {}),
+        ("failure_weighted", {}, {}),
+        ("fixed_tail_share", {}, {}),
         ("sqrt", {"lagged": True, "loss_signal": "learnability"}, {"variance_source": "prompt"}),
         ("bandit", {"normalize": "all_responses", "min_group_prompts": 0.0}, {"variance_source": "prompt"}),
     ],

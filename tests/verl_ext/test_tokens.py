@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_ext import GDROConfigError, GDROController, gdro_config_from_dict
-from verl_ext.config import RolloutGDROConfig
+from verl_ext.config import Allocator, RolloutGDROConfig
 from verl_ext.rollout_gdro import RolloutGDRO, repair_to_budget, repair_to_token_budget, token_excess
 from verl_ext.tokens import LengthTracker, token_weighted_loss
 
@@ -25,7 +25,7 @@ def _within_token_budget(n, cost, n_mean) -> bool:
     B=st.integers(1, 60),
     n_mean=st.integers(2, 6),
     extra=st.integers(0, 8),
-    allocator=st.sampled_from(["sqrt", "bandit", "knapsack", "discovery", "uniform"]),
+    allocator=st.sampled_from(Allocator.values()),
     seed=st.integers(0, 2**31 - 1),
     steps=st.integers(1, 4),
 )

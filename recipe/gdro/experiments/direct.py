@@ -23,7 +23,10 @@ One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it
 ``config.temperature``, ``recipe.gdro.tinylm.exact``; per skill in ``before_exact`` / ``after_exact``
 and in every curve point as ``exact`` / ``exact_<skill>``), the learning curve
 (validation every ``eval_every`` steps against cumulative tokens and rollouts), per-step metrics
-(with the step's Σ|A|·tokens) and timings. ``per_prompt`` holds every evaluated prompt's exact
+(with the step's Σ|A|·tokens) and timings. ``allocation`` holds, per evaluation interval, what the
+schedule gave each skill and each bin (the bin a prompt was in when its count was scheduled): prompts,
+rollouts, groups that all failed and groups that all passed (no GRPO gradient either way), and the
+tokens generated (:class:`AllocationRecord`). ``per_prompt`` holds every evaluated prompt's exact
 probability p_i with its id and skill (``recipe.gdro.results.outcomes``: any pass@k is recomputed from
 it): the validation split at every evaluation, the held-out test split (``num_test`` prompts,
 disjoint from validation and training, checked) before and after training. The CLI prints them and
@@ -68,7 +71,7 @@ class DirectConfig:
     lr: float = 3e-4
     temperature: float = 1.0  # rollouts, the loss and validation (one temperature, as verl's val_kwargs here)
     max_new_tokens: int = tasks.MAX_RESPONSE_TOKENS
-    method: str = "grpo"  # a config/method/<name>.yaml (grpo, prompt_gdro, rollout_gdro, joint_gdro)
+    method: str = "grpo"  # a config/method/<name>.yaml (grpo, prompt_gdro, rollout_gdro, joint_gdro, ...)
     gdro: dict = field(default_factory=dict)  # extra gdro.* overrides (merged over the method's)
     # Binner warm start (issue 26 item 7): before step 1, sample warm_start responses per training
     # prompt with the model being trained and record them in the binner only (no update, no
@@ -137,6 +140,46 @@ def _curve_point(result: dict[str, dict[str, Any]], exact_table: dict[str, dict[
     }
 
 
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each prompt's group starts in the step's responses (``np.repeat(ids, counts)`` order)."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+
+
+class AllocationRecord:
+    """One evaluation interval's allocation, per skill and per bin (the bin each prompt was in when its
+    count was scheduled): ``[prompts, rollouts, all-fail groups, all-pass groups]``, and the tokens
+    generated. A group with every outcome equal carries no GRPO gradient."""
+
+    def __init__(self, group_names: list[str]):
+        self.group_names = group_names
+        self.reset()
+
+    def reset(self) -> None:
+        self.by_skill: dict[str, np.ndarray] = {}
+        self.by_bin = np.zeros((len(self.group_names), 4), dtype=np.int64)
+        self.steps = self.tokens = 0
+
+    def add(self, skills: np.ndarray, groups: np.ndarray, counts: np.ndarray, correct: np.ndarray) -> None:
+        rows = np.stack([np.ones_like(counts), counts, correct == 0, correct == counts], axis=1).astype(np.int64)
+        np.add.at(self.by_bin, groups, rows)
+        for skill in np.unique(skills):
+            self.by_skill.setdefault(str(skill), np.zeros(4, dtype=np.int64))
+            self.by_skill[str(skill)] += rows[skills == skill].sum(axis=0)
+        self.steps += 1
+
+    def close(self, step: int) -> dict[str, Any]:
+        """The interval ending at ``step`` as JSON-able lists; the record starts afresh."""
+        out = {
+            "step": step,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "by_skill": {k: v.tolist() for k, v in sorted(self.by_skill.items())},
+            "by_bin": {name: row.tolist() for name, row in zip(self.group_names, self.by_bin, strict=True) if row[0]},
+        }
+        self.reset()
+        return out
+
+
 def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     """Train the model at ``config.model_path`` and return before/after validation and step metrics."""
     if isinstance(config, dict):
@@ -172,6 +215,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         return exact.skill_table(p, skills)
 
     prompt_tokens = [tasks.prompt_ids(tok, r["prompt"][0]["content"]) for r in train]
+    train_skills = np.array(exact.per_prompt_skills(train))
     # As the recipe's trainer builds it: the actor's loss_agg_mode sets Prompt-GDRO's mass units.
     ctl = GDROController(
         gdro_config_from_dict(method_gdro(config.method, config.n, config.gdro)),
@@ -197,6 +241,9 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     # The learning curve: validation accuracy against cumulative generated tokens and rollouts.
     curve = [{"step": 0, "tokens": 0, "rollouts": 0, **_curve_point(before, before_exact)}]
     tokens_total = rollouts_total = 0
+    # The allocation, per evaluation interval (issue 45): what each skill and bin was given
+    allocation: list[dict[str, Any]] = []
+    interval = AllocationRecord(ctl.group_names())
 
     def rollouts(pid: np.ndarray) -> tuple[list, np.ndarray]:
         """Sample one response per entry of ``pid`` (prompt ids) and score each: (responses, correct)."""
@@ -234,6 +281,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         cursor += config.prompts
         # the cold start (issue 26 item 7): the share of the batch the binner has never seen
         unseen = float(np.mean(ctl.binner.visits_of(ids) == 0))
+        groups = ctl.binner.groups_of(ids)  # the bins the allocation saw (observe moves prompts after)
         counts = ctl.schedule(ids)
         pid = np.repeat(ids, counts)
         out, acc = rollouts(pid)
@@ -275,7 +323,10 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         history.append(metrics)
         tokens_total += int(lengths.sum())
         rollouts_total += len(pid)
+        interval.add(train_skills[ids], groups, counts, np.add.reduceat(acc.astype(np.int64), _starts(counts)))
+        interval.tokens += int(lengths.sum())
         if config.eval_every and (step + 1) % config.eval_every == 0 and step + 1 < config.steps:
+            allocation.append(interval.close(step + 1))
             point = tasks.evaluate(
                 model, tok, val, samples=config.eval_samples, temperature=config.temperature, seed=config.seed
             )
@@ -305,6 +356,8 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     curve.append(
         {"step": config.steps, "tokens": tokens_total, "rollouts": rollouts_total, **_curve_point(after, after_exact)}
     )
+    if interval.steps:
+        allocation.append(interval.close(config.steps))
     return {
         "config": config.__dict__,
         "before": before,
@@ -323,6 +376,7 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
         "eval_seconds": eval_seconds,
         "history": history,
         "curve": curve,
+        "allocation": allocation,
         "model": model,
     }
 

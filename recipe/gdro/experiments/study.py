@@ -40,6 +40,13 @@ made from a modified tree). With ``primary.power.mde`` the primary stage plans i
 endpoint on the SD's upper confidence bound (:func:`recipe.gdro.results.stats.plan_for_mdes`) and
 runs Holm over methods x endpoints; the report then also tabulates pass@k for k = 1..32 on the test
 split and writes the figure ``pass_at_k.svg`` beside ``REPORT.md`` (the same bytes from the same runs).
+
+Since issue 45 a run file also holds ``allocation``: per evaluation interval, the rollouts, all-fail and
+all-pass groups given to each skill and bin, and the tokens (``direct.AllocationRecord``). The primary
+and exploratory sections then tabulate, per method, the tail's (the hardest bin's) rollouts per prompt
+and share of groups without gradient, and each skill's rollouts per prompt and all-fail share
+(:func:`allocation_text`); runs without the record (v1, v2) print nothing new. The record is not in the
+run key; new GDROConfig fields are kept out of older protocols' keys (:data:`METHOD_FIELDS_ADDED`).
 """
 
 from __future__ import annotations
@@ -113,6 +120,17 @@ RUN_CODE = (
 # committed runs keep their keys and their report reproduces.
 PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
 ADDED_SINCE_V1 = ("num_test",)
+# Controller settings (verl_ext's GDROConfig, ``section.field``) added after a protocol's runs were made:
+# its run keys (``method_config``) leave them out while they are at their defaults, so the committed runs
+# keep their keys and their report reproduces; a run of that protocol with another value is refused.
+METHOD_FIELDS_ADDED = {
+    # tiny_lm_v2: failure_weighted's and fixed_tail_share's settings (issue 45)
+    "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be": (
+        "rollout.failure_weight_k",
+        "rollout.tail_threshold",
+        "rollout.tail_share_factor",
+    ),
+}
 
 
 # ------------------------------------------------------------------------------------ the runs
@@ -160,7 +178,14 @@ def run_config(
     from verl_ext.config import gdro_config_from_dict
 
     # every field of the controller's config, defaults included: what the run's GDROController reads
-    config["method_config"] = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
+    resolved = asdict(gdro_config_from_dict(method_gdro(method, direct["n"], direct["gdro"])))
+    defaults = asdict(gdro_config_from_dict({}))
+    for name in METHOD_FIELDS_ADDED.get(protocol.hash, ()):
+        section, key = name.split(".")
+        if resolved[section][key] != defaults[section][key]:
+            raise ValueError(f"gdro.{name}={resolved[section][key]}: this protocol's runs predate it")
+        del resolved[section][key]
+    config["method_config"] = resolved
     config["code"] = code
     return config
 
@@ -242,6 +267,9 @@ def _run(job: dict[str, Any]) -> dict[str, Any]:
         "unseen_share": float(np.mean(unseen)) if unseen else float("nan"),
         "weighted_adv_token_mass": float(sum(h["train/weighted_adv_token_mass"] for h in history)),
         "seconds": result["train_seconds"],
+        # per evaluation interval: prompts, rollouts, all-fail and all-pass groups per skill and bin, and
+        # tokens (recipe.gdro.experiments.direct.AllocationRecord); report's allocation tables
+        "allocation": result["allocation"],
         # every evaluated prompt's exact p_i (recipe.gdro.results.outcomes): the endpoints' only input
         "per_prompt": result["per_prompt"],
         **({"code": job["config"]["code"]} if "code" in job["config"] else {}),
@@ -806,6 +834,70 @@ def all_fail_cell(runs: list[dict[str, Any]], tail, n: int) -> str:
     return f"{np.mean([share(r, 'base') for r in runs]):.3f} -> {np.mean([share(r, 'final') for r in runs]):.3f}"
 
 
+def allocation_text(label_runs: list[tuple[str, list[dict[str, Any]]]]) -> list[str]:
+    """Report lines: what each method's training allocation gave the tail, from the runs' ``allocation``
+    records (issue 45; summed over every evaluation interval and run). The tail is the hardest bin when
+    the count was scheduled (``bin_00``: windowed p̂ below the first bin edge); a group carries no
+    gradient when its outcomes are all equal. None of this is printed unless every run holds the record
+    (run files made before it keep their reports byte for byte)."""
+    if not label_runs or not all("allocation" in r for _, rs in label_runs for r in rs):
+        return []
+
+    def total(runs: list[dict[str, Any]], key: str) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        for r in runs:
+            for interval in r["allocation"]:
+                for name, row in interval[key].items():
+                    out[name] = out.get(name, np.zeros(4)) + np.asarray(row, dtype=np.float64)
+        return out
+
+    def per_prompt(row: np.ndarray | None) -> str:
+        return "–" if row is None or not row[0] else f"{row[1] / row[0]:.2f}"
+
+    def share(row: np.ndarray | None, cols: slice) -> str:
+        return "–" if row is None or not row[0] else f"{row[cols].sum() / row[0]:.3f}"
+
+    rows, skill_rows = [], []
+    skills = sorted({k for _, rs in label_runs for k in total(rs, "by_skill")})
+    for label, rs in label_runs:
+        bins, by_skill = total(rs, "by_bin"), total(rs, "by_skill")
+        tail = bins.get("bin_00")
+        rest = sum((v for k, v in bins.items() if k not in ("bin_00", "unseen")), np.zeros(4))
+        steps = sum(i["steps"] for r in rs for i in r["allocation"])
+        tokens = sum(i["tokens"] for r in rs for i in r["allocation"])
+        rows.append(
+            [
+                label,
+                per_prompt(tail),
+                share(tail, slice(2, 4)),
+                share(tail, slice(2, 3)),
+                f"{100 * (tail[0] if tail is not None else 0) / max(1.0, sum(v[0] for v in bins.values())):.0f}%",
+                per_prompt(rest),
+                per_prompt(bins.get("unseen")),
+                f"{tokens / max(1, steps):,.0f}",
+            ]
+        )
+        skill_rows.append(
+            [label, *(f"{per_prompt(by_skill.get(k))} / {share(by_skill.get(k), slice(2, 3))}" for k in skills)]
+        )
+    head = [
+        "method", "tail rollouts / prompt", "tail groups with no gradient", "tail groups all failing",
+        "tail share of prompts", "other seen prompts' rollouts / prompt", "unseen prompts' rollouts / prompt",
+        "tokens / step",
+    ]  # fmt: skip
+    return [
+        "",
+        "The training allocation (every step of the runs above; the tail is the hardest bin, bin_00, when the "
+        "count was scheduled; a group with all outcomes equal has no gradient):",
+        "",
+        *markdown_table(head, rows),
+        "",
+        "By skill (rollouts per prompt / share of groups all failing):",
+        "",
+        *markdown_table(["method", *skills], skill_rows),
+    ]
+
+
 def endpoints_on(study: Study, split: str | None) -> dict[str, Endpoint]:
     """The declared endpoints, read on ``split`` (None: as declared). The test split serves only the
     primary and confirmation comparisons; the power plan, the exploratory arms and the regimes read
@@ -1043,6 +1135,7 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
             *markdown_table(["method", *names, "weighted-advantage token mass", "tokens"], rows),
             "",
             observed_line,
+            *allocation_text([(m, [runs[(m, s)] for s in seeds]) for m in methods]),
             "",
             pass_at_k_text(study, tuned, seeds, methods, runs),
         ]
@@ -1193,6 +1286,9 @@ def explore(study: Study, tuned: dict[str, float]) -> str:
             "seeds; unadjusted):",
             "",
             *markdown_table(head, rows),
+            *allocation_text(
+                [("grpo (reference)", list(ref_runs.values())), *((a, list(r.values())) for a, r in arm_runs.items())]
+            ),
             "",
             baseline_line(study, list(ref_runs.values())),
         ]

@@ -16,6 +16,9 @@ always win (they are what defines it).
 ``rollout_gdro:rollout.allocator=bandit``      the per-bin Hedge allocator + DP (also ``knapsack``,
                                                ``discovery``)
 ``joint_gdro``                                 both adversaries, hysteresis 0.03
+``rollout_gdro_failure_weighted``              Rollout-GDRO with ``failure_weighted`` (joint form:
+                                               ``joint_gdro_failure_weighted``); by name only, not in
+                                               :func:`default_methods`
 ``…:rollout.budget=tokens``                    the token budget (expected tokens <= uniform's)
 =============================================  ==========================================================
 """
@@ -25,15 +28,18 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from recipe.gdro.config.registry import method_config, method_names, parse_method, parse_overrides
+from recipe.gdro.config.registry import method_config, parse_method, parse_overrides
 
-# The simulator's default comparison: the four registered methods and Rollout-GDRO's other allocators.
+# The simulator's default comparison: the paper's four methods and Rollout-GDRO's other allocators (the
+# tuned-lr table holds a row for each; a method registered since, e.g. rollout_gdro_failure_weighted, is
+# compared by naming it).
+PAPER_METHODS = ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro")
 ALLOCATOR_VARIANTS = ("rollout_gdro:rollout.allocator=bandit", "rollout_gdro:rollout.allocator=knapsack")
 
 
 def default_methods() -> list[str]:
-    """The registered methods, then Rollout-GDRO's allocator variants (read from the registry on call)."""
-    names = list(method_names())
+    """The paper's methods (each checked against the registry on call), Rollout-GDRO's variants before joint."""
+    names = [check_method(m) for m in PAPER_METHODS]
     return names[:3] + list(ALLOCATOR_VARIANTS) + names[3:]
 
 

@@ -708,7 +708,15 @@ def test_methods_are_the_registry_files_and_variants_are_overrides_on_them():
     from recipe.gdro.sim.methods import build_gdro_dict
 
     sc = tiny()
-    assert method_names() == ("grpo", "prompt_gdro", "rollout_gdro", "joint_gdro")
+    assert method_names() == (
+        "grpo",
+        "prompt_gdro",
+        "rollout_gdro",
+        "rollout_gdro_failure_weighted",
+        "joint_gdro",
+        "joint_gdro_failure_weighted",
+    )
+    assert build_gdro_dict(sc, "joint_gdro_failure_weighted", {}, seed=0)["rollout"]["allocator"] == "failure_weighted"
     for name in method_names():
         shipped = OmegaConf.to_container(OmegaConf.load(METHOD_DIR / f"{name}.yaml"))["gdro"]
         got = build_gdro_dict(sc, name, {}, seed=0)
