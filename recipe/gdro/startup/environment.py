@@ -102,9 +102,11 @@ def _check_tq_timeout(environ: Mapping[str, str]) -> None:
 
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> None:
     """Refuse (:class:`GDRORecipeError`, naming the variable) a bad value of any variable the recipe
-    reads. Two are parsed elsewhere, where they act: ``GDRO_SHIP_CODE`` by
-    :func:`recipe.gdro.startup.cluster.ship_code_to_workers` (run by the dry run too), and
-    ``RAY_ADDRESS``, only tested for presence (:func:`recipe.gdro.startup.checks.check_ray_cluster`)."""
+    reads. The others are parsed elsewhere, where they act: ``GDRO_SHIP_CODE`` by
+    :func:`recipe.gdro.startup.cluster.ship_code_to_workers` (run by the dry run too); ``RAY_ADDRESS`` parsed
+    and probed by :func:`recipe.gdro.startup.ray_address.check_ray_address`, which reads Ray's own
+    ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` and ``RAY_USE_TLS`` as Ray's clients do, to
+    probe the cluster with the launch's credentials."""
     environ = os.environ if environ is None else environ
     weight_sync_timeout(environ)
     cpu_threads(environ)

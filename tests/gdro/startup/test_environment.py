@@ -72,7 +72,8 @@ def test_no_variable_read_by_the_recipe_goes_unchecked():
     from recipe.gdro.startup import environment
 
     source = Path(environment.__file__).read_text()
-    named = set(re.findall(r"\"((?:GDRO|VERL|TQ)_[A-Z_]+)\"", source)) | {"GDRO_SHIP_CODE", "RAY_ADDRESS"}
+    named = set(re.findall(r"\"((?:GDRO|VERL|TQ)_[A-Z_]+)\"", source))
+    named |= set(re.findall(r"``([A-Z_]+)``", environment.check_environment.__doc__))  # parsed where they act
     named.add("VERL_ENGINE_DEVICE")  # set by the cpu platform for verl (setdefault), not read from the user
     assert read <= named, f"read but not checked: {sorted(read - named)}"
     assert set(BAD) <= read  # and the check list is not stale
