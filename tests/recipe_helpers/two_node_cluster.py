@@ -104,6 +104,12 @@ class Cluster:
         for _ in range(workers):
             self.worker = self.add_worker()
 
+    def _ended(self, what: str, code: int) -> str:
+        """Why a node's start ended: the tail of nodes.log in the message (pytest's temp folder may be gone later)."""
+        self.log.flush()
+        tail = (self.base / "nodes.log").read_text(errors="replace").splitlines()[-15:]
+        return f"{what} ended with {code}; the end of {self.base}/nodes.log:\n" + "\n".join(tail)
+
     def _wait_gcs(self) -> None:
         """Until the head's GCS answers the launch's probe (recipe.gdro.startup.ray_address) with the token."""
         ask = (
@@ -115,7 +121,7 @@ class Cluster:
         deadline = time.monotonic() + WAIT_FOR_NODES_S
         while time.monotonic() < deadline:
             if self.head.poll() is not None:
-                raise RuntimeError(f"ray_node.sh head ended with {self.head.returncode} (see {self.base}/nodes.log)")
+                raise RuntimeError(self._ended("ray_node.sh head", self.head.returncode))
             answer = subprocess.run([sys.executable, "-c", ask, self.address], env=env, capture_output=True, text=True)
             if answer.stdout.strip() == "ok":
                 return
@@ -127,7 +133,7 @@ class Cluster:
         deadline = time.monotonic() + WAIT_FOR_NODES_S
         while time.monotonic() < deadline:
             if self.head.poll() is not None:
-                raise RuntimeError(f"ray_node.sh head ended with {self.head.returncode} (see {self.base}/nodes.log)")
+                raise RuntimeError(self._ended("ray_node.sh head", self.head.returncode))
             if path.is_file() and path.read_text().strip():
                 return path.read_text().strip()
             time.sleep(0.3)
@@ -151,7 +157,7 @@ class Cluster:
         deadline = time.monotonic() + WAIT_FOR_NODES_S
         while time.monotonic() < deadline:
             if node.poll() is not None:
-                raise RuntimeError(f"ray_node.sh ended with {node.returncode} (see {self.base}/nodes.log)")
+                raise RuntimeError(self._ended("ray_node.sh", node.returncode))
             try:
                 node_id = self.node_id(node)
                 alive = subprocess.run(
