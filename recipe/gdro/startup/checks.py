@@ -529,8 +529,9 @@ def check_ray_cluster(config: DictConfig, environ=None) -> Optional[str]:
         return None
     if not running:
         raise GDRORecipeError(
-            f"trainer.nnodes={nnodes} needs a running Ray cluster: 'ray start --head' on this node and "
-            "'ray start --address=<head>:6379' on the others (docs/cluster.md, \"Multi-node\"), or set RAY_ADDRESS"
+            f"trainer.nnodes={nnodes} needs a running Ray cluster: 'bash run_scripts/ray_node.sh head' on this node "
+            "and 'bash run_scripts/ray_node.sh worker <head>:6379' on the others (docs/cluster.md, \"Multi-node\"), "
+            "or set RAY_ADDRESS"
         )
     return "running"
 
