@@ -173,7 +173,7 @@ def _train(config: DictConfig, prepared, cluster_lines: list[str], stdout) -> in
     """The checked launch: print the plan, hand the checked result over and train on the configured backend."""
     print(format_plan(config, prepared, GDRO_STATE_FILE), file=stdout)
     address = resolve_ray_address(config)  # checked and probed by check_launch
-    joined = join_existing_cluster(config, environ={"RAY_ADDRESS": address.address} if address.joins else {})
+    joined = join_existing_cluster(config, joins=address.joins)
     print("\n".join([*cluster_lines, *joined]), file=stdout, flush=True)
     for key in RUN_NAME_KEYS:  # resolved here (${oc.env:HOME}, the groups' names), not on a Ray node
         OmegaConf.update(config, key, OmegaConf.select(config, key), merge=False)

@@ -536,14 +536,14 @@ def check_ray_cluster(config: DictConfig, environ=None) -> Optional[str]:
     return "running"
 
 
-def join_existing_cluster(config: DictConfig, environ=None) -> list[str]:
-    """A launch that joins a running Ray cluster (``RAY_ADDRESS``, or ``ray_kwargs.ray_init.address``) must
-    not pass ``num_cpus`` / ``num_gpus`` to ``ray.init`` (Ray refuses: "When connecting to an existing
-    cluster, num_cpus and num_gpus must not be provided"); the cluster's nodes declare their own. Clears
-    them in ``config`` and returns one line per key it cleared (none when it starts its own Ray)."""
-    environ = os.environ if environ is None else environ
+def join_existing_cluster(config: DictConfig, joins: bool) -> list[str]:
+    """A launch that joins a running Ray cluster (``joins``: :attr:`recipe.gdro.startup.ray_address.RayAddress.joins`,
+    the one decision, which also reads ``local``, ``auto`` and a cluster ``ray start`` recorded here) must not pass
+    ``num_cpus`` / ``num_gpus`` to ``ray.init`` (Ray refuses: "When connecting to an existing cluster, num_cpus
+    and num_gpus must not be provided"); the cluster's nodes declare their own. Clears them in ``config`` and
+    returns one line per key it cleared (none when it starts its own Ray)."""
     ray_init = OmegaConf.select(config, "ray_kwargs.ray_init")
-    if ray_init is None or not (environ.get("RAY_ADDRESS") or ray_init.get("address", None)):
+    if ray_init is None or not joins:
         return []
     cleared = []
     for key in ("num_cpus", "num_gpus"):

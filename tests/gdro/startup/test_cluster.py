@@ -375,16 +375,24 @@ def test_a_launch_joining_a_running_cluster_passes_no_resource_counts_to_ray_ini
     """Ray refuses num_cpus / num_gpus when ray.init joins a cluster ("When connecting to an existing cluster,
     num_cpus and num_gpus must not be provided"); size=tiny sets both for its own one-node Ray."""
     from recipe.gdro.startup.checks import join_existing_cluster
+    from recipe.gdro.startup.ray_address import resolve_ray_address
+
+    def joins(config, environ) -> bool:  # the launch's one decision (main_gdro: resolve_ray_address(...).joins)
+        return resolve_ray_address(config, environ).joins
 
     counts = ["ray_kwargs.ray_init.num_cpus=16", "+ray_kwargs.ray_init.num_gpus=1"]
     own = compose_config(counts)
-    assert join_existing_cluster(own, environ={}) == []
+    assert join_existing_cluster(own, joins=False) == []
     assert (own.ray_kwargs.ray_init.num_cpus, own.ray_kwargs.ray_init.num_gpus) == (16, 1)
+    # address=local starts a Ray here: its counts stay (before, any address value cleared them)
+    local = compose_config([*counts, "+ray_kwargs.ray_init.address=local"])
+    assert join_existing_cluster(local, joins=joins(local, {})) == []
+    assert (local.ray_kwargs.ray_init.num_cpus, local.ray_kwargs.ray_init.num_gpus) == (16, 1)
     for config, environ in (
         (compose_config(counts), {"RAY_ADDRESS": "10.0.0.1:6379"}),
-        (compose_config([*counts, "+ray_kwargs.ray_init.address=auto"]), {}),
+        (compose_config([*counts, "+ray_kwargs.ray_init.address=10.0.0.2:6379"]), {}),
     ):
-        lines = join_existing_cluster(config, environ=environ)
+        lines = join_existing_cluster(config, joins=joins(config, environ))
         assert [line.split(":")[1].split("=")[0].strip() for line in lines] == [
             "ray_kwargs.ray_init.num_cpus",
             "ray_kwargs.ray_init.num_gpus",
