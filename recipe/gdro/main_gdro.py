@@ -245,7 +245,7 @@ def _run_on_ray(config: DictConfig, stderr) -> int:
     from verl.trainer.main_ppo import run_ppo
 
     from recipe.gdro.task_runner import GDROTaskRunnerActor
-    from recipe.gdro.trainer import WeightSyncTimeout
+    from recipe.gdro.weight_sync import WeightSyncTimeout
 
     task_runner = _AfterRayInit(GDROTaskRunnerActor, config)
     try:

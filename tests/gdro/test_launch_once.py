@@ -85,7 +85,7 @@ def test_the_trainer_uses_what_it_is_handed_and_checks_nothing(launch_argv, monk
         counting(monkeypatch, T, name, calls)
     trainer = T.GDROTrainerSync(config)
     assert calls == []
-    assert trainer.gdro_config.rollout.enable is True and trainer.gdro_enabled
+    assert trainer.gdro_config.rollout.enable is True and trainer.gdro_runs
     assert trainer.gdro_metrics_path().endswith("/handed.jsonl")
     # built outside a launch (no handed-over key), the trainer checks the section itself, once
     with open_dict(config):

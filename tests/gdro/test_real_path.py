@@ -163,7 +163,7 @@ def test_verls_advantages_are_grpos_times_the_multipliers_of_the_same_batch(runs
     import torch
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from recipe.gdro.trainer import split_trajectory_key
+    from recipe.gdro.trainer_step import split_trajectory_key
 
     steps = verl_steps(runs["joint_gdro"] / "verl_metrics.jsonl")
     scaled = 0

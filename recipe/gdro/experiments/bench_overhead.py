@@ -262,7 +262,7 @@ def make_trainer(variant: str, B: int, n_mean: int, T: int, out_dir: str, seed: 
     trainer = Bench(bench_config(overrides or [], B, n_mean, T, folder))
     trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 8)
     trainer.global_steps = 1
-    if overrides is not None and trainer.gdro_enabled:
+    if overrides is not None and trainer.gdro_runs:
         trainer.gdro = GDROController(trainer.gdro_config, N_14K)  # what _init_dataloader builds
     return trainer
 
