@@ -146,18 +146,25 @@ class Range:
             return f"{'>' if self.lo_open else '>='} {self.lo:g}"
         return f"{'<' if self.hi_open else '<='} {self.hi:g}"
 
-    def check(self, name: str, value: Any) -> None:
-        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
+    def violation(self, value: Any) -> str | None:
+        """Why ``value`` is out of range (``must lie in [0, 1)``, ``must be an integer >= 1``), or ``None``."""
         if self.integer:
             ok = isinstance(value, int) and not isinstance(value, bool)
         else:
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         ok = ok and (self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
         ok = ok and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi))
-        if not ok:
-            if self.lo is not None and self.hi is not None:
-                _fail(name, value, f"must lie in {self.text()}")
-            _fail(name, value, f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}")
+        if ok:
+            return None
+        if self.lo is not None and self.hi is not None:
+            return f"must lie in {self.text()}"
+        return f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}"
+
+    def check(self, name: str, value: Any) -> None:
+        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
+        why = self.violation(value)
+        if why:
+            _fail(name, value, why)
 
 
 def _check_ranges(config: Any, section: str) -> None:
