@@ -29,7 +29,8 @@ from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, with_config
 
 
 class Choice(str, enum.Enum):
-    """A string option checked by the dataclass (and by OmegaConf, which validates Enum fields by name).
+    """A string option, checked by :meth:`parse`: in ``__post_init__``, in pydantic (the config's validation),
+    and by name in OmegaConf (recipe_config's structured keys).
 
     A ``str`` mixin whose ``str()`` and format are the plain value, so ``cfg.rollout.allocator ==
     "sqrt"``, f-strings, JSON and the metrics see the same strings as before; member name == value.
