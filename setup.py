@@ -87,6 +87,7 @@ setup(
         *V1_TRAINER_DEPS,
         "numpy>=2.0",
         "pandas",
+        "pydantic>=2",  # verl_ext/config.py: the configs' types and unknown keys
         "pyarrow>=19.0.0",
         "datasets",
         "hydra-core",

@@ -34,6 +34,7 @@ import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
+import pandas as pd
 
 _GROUP_RE = re.compile(r"^gdro/(bin_\d+|unseen)/(.+)$")
 SYNTH_TAG = "[synthetic learner]"
@@ -65,45 +66,37 @@ def read_metrics_jsonl(path: str) -> list[dict[str, Any]]:
     return records
 
 
-class Series:
-    """Per-step metrics as aligned arrays: ``steps`` and ``values[key]`` (NaN where missing)."""
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
-    def __init__(self, steps: np.ndarray, values: dict[str, np.ndarray]):
-        self.steps = steps
-        self.values = values
+
+class Series:
+    """Per-step metrics: ``frame``, a pandas DataFrame indexed by step with one float column per numeric
+    key, seen as ``steps`` and ``values[key]`` arrays (NaN where missing)."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame
+        self.steps = frame.index.to_numpy(dtype=np.int64)
+        self.values = {k: frame[k].to_numpy(dtype=float) for k in frame.columns}
 
     @classmethod
     def from_records(cls, records: Sequence[Mapping[str, Any]]) -> Series:
-        by_step: dict[int, Mapping[str, Any]] = {}
-        for r in records:  # a resumed run may repeat steps: the last record wins
-            by_step[int(r["step"])] = r
-        steps = np.array(sorted(by_step), dtype=np.int64)
-        keys = sorted(
-            {
-                k
-                for r in by_step.values()
-                for k, v in r.items()
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
-            }
-        )
-        values = {k: np.array([float(by_step[s].get(k, math.nan)) for s in steps]) for k in keys}
-        return cls(steps, values)
+        by_step = {int(r["step"]): r for r in records}  # a resumed run may repeat steps: the last record wins
+        # the keys with a number in some record (a bool is not one), NaN in the records without it
+        numeric = sorted({k for r in by_step.values() for k, v in r.items() if k != "step" and _is_number(v)})
+        steps = pd.Index(list(by_step), dtype=np.int64, name="step")
+        frame = pd.DataFrame.from_records(list(by_step.values()), index=steps, columns=numeric)
+        return cls(frame.sort_index().astype(float))
 
     @classmethod
     def mean_of(cls, runs: Sequence[Series]) -> Series:
         """Step-aligned nan-mean of several runs (e.g. seeds)."""
-        steps = np.array(sorted(set().union(*[set(r.steps.tolist()) for r in runs])), dtype=np.int64)
-        keys = sorted(set().union(*[set(r.values) for r in runs]))
-        values = {}
-        for k in keys:
-            stack = np.full((len(runs), len(steps)), np.nan)
-            for i, r in enumerate(runs):
-                if k in r.values:
-                    stack[i, np.searchsorted(steps, r.steps)] = r.values[k]
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                values[k] = np.nanmean(stack, axis=0)
-        return cls(steps, values)
+        steps = pd.Index(sorted(set().union(*[r.frame.index for r in runs])), dtype=np.int64, name="step")
+        keys = sorted(set().union(*[r.frame.columns for r in runs]))
+        stack = np.stack([r.frame.reindex(index=steps, columns=keys).to_numpy(dtype=float) for r in runs])
+        with warnings.catch_warnings():  # np.nanmean, not groupby().mean(): the same sums as before, bit for bit
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return cls(pd.DataFrame(np.nanmean(stack, axis=0), index=steps, columns=keys))
 
     def get(self, key: str) -> Optional[np.ndarray]:
         v = self.values.get(key)

@@ -1,9 +1,10 @@
 """Scenario files for the GDRO simulator (a SYNTHETIC learner; see docs/simulator.md).
 
 A scenario is a YAML mapping describing a synthetic dataset of "skills" (sub-domains) and the
-training budget. Its schema is the OmegaConf structured config :class:`ScenarioSpec` (dataclasses;
-ranges in each field's ``metadata``); every error names the file and the offending key, e.g.
-``scenario 'x.yaml': skills[2].difficulty.std=-1 must be >= 0``.
+training budget. Its schema is :class:`ScenarioSpec` (dataclasses validated by ``pydantic.TypeAdapter``
+with strict scalars and no unknown keys, as the GDRO config is; ranges are verl_ext's ``Range`` in each field's
+``metadata``); every error names the file and the offending key, e.g.
+``scenario 'x.yaml': skills[2].difficulty.std=-1.0 must lie in [0, 30]``.
 
 Schema (all keys; ``?`` = optional, with its default)::
 
@@ -57,11 +58,22 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import yaml
-from omegaconf import MISSING, OmegaConf
-from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+from annotated_types import MinLen
+from pydantic import (
+    ConfigDict,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
+
+from verl_ext.config import Range
 
 SCENARIO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios")
 DEFAULT_SCENARIO = "dapo_like"
@@ -73,84 +85,93 @@ class ScenarioError(ValueError):
 
 
 def _range(**bounds: Any) -> dict[str, Any]:
-    """Field metadata: ``ge``/``gt``/``le``/``lt`` bounds, ``pattern`` (a regex), ``why`` (message)."""
-    return bounds
+    """Field metadata: the allowed values as verl_ext's :class:`~verl_ext.config.Range` (the GDRO config's too)."""
+    return {"range": Range(**bounds)}
+
+
+def _pattern(regex: re.Pattern[str], why: str) -> dict[str, Any]:
+    """Field metadata: a string must match ``regex``; ``why`` is what the error says it must match."""
+    return {"name_pattern": regex, "why": why}  # not "pattern": pydantic would read that key itself
 
 
 # ---------------------------------------------------------------------------------- schema
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class ComponentSpec:
-    weight: float = field(default=MISSING, metadata=_range(gt=0.0))
-    mean: float = field(default=MISSING, metadata=_range(ge=-30.0, le=30.0))
-    std: float = field(default=MISSING, metadata=_range(ge=0.0, le=30.0))
+    weight: StrictFloat = field(metadata=_range(lo=0.0, lo_open=True))
+    mean: StrictFloat = field(metadata=_range(lo=-30.0, hi=30.0))
+    std: StrictFloat = field(metadata=_range(lo=0.0, hi=30.0))
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class DifficultySpec:
     """Either ``mean`` and ``std`` (a normal) or ``mixture`` (a list of normal components)."""
 
-    mean: Optional[float] = field(default=None, metadata=_range(ge=-30.0, le=30.0))
-    std: Optional[float] = field(default=None, metadata=_range(ge=0.0, le=30.0))
-    mixture: Optional[list[ComponentSpec]] = None
+    mean: Optional[StrictFloat] = field(default=None, metadata=_range(lo=-30.0, hi=30.0))
+    std: Optional[StrictFloat] = field(default=None, metadata=_range(lo=0.0, hi=30.0))
+    mixture: Optional[Annotated[list[ComponentSpec], MinLen(1)]] = None
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class LengthSpec:
     """Response-length model (tokens): failures run longer when ``wrong`` > ``correct``."""
 
-    correct: Optional[float] = field(default=None, metadata=_range(gt=0.0))
-    wrong: Optional[float] = field(default=None, metadata=_range(gt=0.0))
-    spread: Optional[float] = field(default=None, metadata=_range(ge=0.0, le=3.0))
+    correct: Optional[StrictFloat] = field(default=None, metadata=_range(lo=0.0, lo_open=True))
+    wrong: Optional[StrictFloat] = field(default=None, metadata=_range(lo=0.0, lo_open=True))
+    spread: Optional[StrictFloat] = field(default=None, metadata=_range(lo=0.0, hi=3.0))
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class SkillSpec:
-    name: str = field(
-        default=MISSING, metadata=_range(pattern=_NAME_RE, why="[A-Za-z0-9_.-]+ (it becomes a metric key)")
-    )
-    frequency: float = field(default=MISSING, metadata=_range(gt=0.0))
-    difficulty: DifficultySpec = MISSING
-    unsolvable: float = field(default=0.0, metadata=_range(ge=0.0, lt=1.0))
-    transfer: Optional[float] = field(default=None, metadata=_range(ge=0.0, le=1.0))
+    name: StrictStr = field(metadata=_pattern(_NAME_RE, "[A-Za-z0-9_.-]+ (it becomes a metric key)"))
+    frequency: StrictFloat = field(metadata=_range(lo=0.0, lo_open=True))
+    difficulty: DifficultySpec
+    unsolvable: StrictFloat = field(default=0.0, metadata=_range(lo=0.0, hi=1.0, hi_open=True))
+    transfer: Optional[StrictFloat] = field(default=None, metadata=_range(lo=0.0, hi=1.0))
     length: LengthSpec = field(default_factory=LengthSpec)
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class LearnerParams:
     """Parameters of the shared learner (see recipe/gdro/sim/learner.py)."""
 
-    rep_dim: Optional[int] = field(default=None, metadata=_range(ge=1, le=32))
-    feature_overlap: float = field(default=0.6, metadata=_range(ge=0.0, le=1.0))
-    forgetting: float = field(default=0.003, metadata=_range(ge=0.0, lt=1.0))
-    capacity: float = field(default=6.0, metadata=_range(gt=0.0))
-    curvature: float = field(default=2.0, metadata=_range(ge=0.0))
-    recovery: float = field(default=0.05, metadata=_range(gt=0.0, le=1.0))
+    rep_dim: Optional[StrictInt] = field(default=None, metadata=_range(lo=1, hi=32, integer=True))
+    feature_overlap: StrictFloat = field(default=0.6, metadata=_range(lo=0.0, hi=1.0))
+    forgetting: StrictFloat = field(default=0.003, metadata=_range(lo=0.0, hi=1.0, hi_open=True))
+    capacity: StrictFloat = field(default=6.0, metadata=_range(lo=0.0, lo_open=True))
+    curvature: StrictFloat = field(default=2.0, metadata=_range(lo=0.0))
+    recovery: StrictFloat = field(default=0.05, metadata=_range(lo=0.0, hi=1.0, lo_open=True))
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
+@with_config(ConfigDict(extra="forbid"))
 @dataclass
 class ScenarioSpec:
     """The scenario file as written (the module docstring lists every key)."""
 
-    num_prompts: int = field(default=MISSING, metadata=_range(ge=1))
-    batch_size: int = field(default=MISSING, metadata=_range(ge=1))
-    lr: float = field(default=MISSING, metadata=_range(gt=0.0))
-    steps: int = field(default=MISSING, metadata=_range(ge=1))
-    skills: list[SkillSpec] = MISSING
-    name: Optional[str] = field(default=None, metadata=_range(pattern=_NAME_RE, why="[A-Za-z0-9_.-]+"))
-    description: str = ""
-    num_eval_prompts: int = field(default=2000, metadata=_range(ge=1))
-    n_mean: int = field(default=4, metadata=_range(ge=2))
-    transfer: float = field(default=0.5, metadata=_range(ge=0.0, le=1.0))
-    grad_noise: float = field(default=0.0, metadata=_range(ge=0.0))
-    norm_adv_by_std: bool = True
-    seeds: int = field(default=3, metadata=_range(ge=1))
+    num_prompts: StrictInt = field(metadata=_range(lo=1, integer=True))
+    batch_size: StrictInt = field(metadata=_range(lo=1, integer=True))
+    lr: StrictFloat = field(metadata=_range(lo=0.0, lo_open=True))
+    steps: StrictInt = field(metadata=_range(lo=1, integer=True))
+    skills: Annotated[list[SkillSpec], MinLen(1)]
+    name: Optional[StrictStr] = field(default=None, metadata=_pattern(_NAME_RE, "[A-Za-z0-9_.-]+"))
+    description: StrictStr = ""
+    num_eval_prompts: StrictInt = field(default=2000, metadata=_range(lo=1, integer=True))
+    n_mean: StrictInt = field(default=4, metadata=_range(lo=2, integer=True))
+    transfer: StrictFloat = field(default=0.5, metadata=_range(lo=0.0, hi=1.0))
+    grad_noise: StrictFloat = field(default=0.0, metadata=_range(lo=0.0))
+    norm_adv_by_std: StrictBool = True
+    seeds: StrictInt = field(default=3, metadata=_range(lo=1, integer=True))
     gdro: dict[str, Any] = field(default_factory=dict)
     learner: LearnerParams = field(default_factory=LearnerParams)
     length: LengthSpec = field(default_factory=lambda: LengthSpec(correct=1000.0, wrong=1000.0, spread=0.0))
-    max_response_length: int = field(default=4096, metadata=_range(ge=1))
+    max_response_length: StrictInt = field(default=4096, metadata=_range(lo=1, integer=True))
 
 
 # ---------------------------------------------------------------------------------- runtime form
@@ -243,75 +264,59 @@ class Scenario:
 
 # ---------------------------------------------------------------------------------- validation
 _GDRO_ENABLE_KEYS = {("prompt", "enable"), ("rollout", "enable")}
-_SCALAR_NAMES = {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}
+_WANT = {
+    "int_type": "an integer",
+    "float_type": "a finite number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a non-empty list",
+    "too_short": "a non-empty list",
+    "dict_type": "a mapping",
+}
+_SPEC = TypeAdapter(ScenarioSpec)  # numbers, booleans, strings strict; unknown keys forbidden (with_config)
 
 
-def _unwrap(annotation: Any) -> tuple[Any, Any]:
-    """(origin kind, inner type) of ``X``, ``Optional[X]``, ``list[X]``, ``dict[str, Any]``."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    origin = typing.get_origin(annotation)
-    if origin is typing.Union and len(args) == 1:
-        return _unwrap(args[0])
-    if origin is list:
-        return list, args[0]
-    if origin is dict:
-        return dict, None
-    return None, annotation
+def _key(loc: tuple[Any, ...]) -> str:
+    """``skills[0].difficulty.std`` from pydantic's ``("skills", 0, "difficulty", "std")``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
-def _scalar_ok(kind: Any, value: Any) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) < 1e308
-    if kind is str:
-        return isinstance(value, str)
-    return True
-
-
-def _check_shape(src: str, cls: type, data: Any, path: str) -> None:
-    """Unknown keys (with a did-you-mean) and strict scalar types, with the full path of each key.
-
-    OmegaConf would convert ``"3"`` to 3 and reports nested list items without their list path.
-    """
-    label = path or "top level"
-    if not isinstance(data, dict):
-        raise ScenarioError(f"scenario {src!r}: {label} must be a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(str(k) for k in data if k not in hints)
-    if unknown:
-        pre = f"{path}." if path else ""
-        close = difflib.get_close_matches(unknown[0], names, n=1)
+def _shape_error(src: str, error: Any, data: Any) -> ScenarioError:
+    """pydantic's first error as one line naming the file, the key (full path) and the value."""
+    kind, loc = error["type"], tuple(error["loc"])
+    key = _key(loc)
+    value = data
+    for part in loc:
+        value = value.get(part) if isinstance(value, dict) else value[part] if isinstance(value, list) else None
+    if kind == "missing":
+        return ScenarioError(f"scenario {src!r}: missing required key(s) {key}")
+    if kind == "unexpected_keyword_argument":
+        cls: Any = ScenarioSpec
+        for part in loc[:-1]:
+            if not isinstance(part, int):
+                cls = _unwrap(typing.get_type_hints(cls)[part])
+        names = [f.name for f in dataclasses.fields(cls)]
+        where = _key(loc[:-1])
+        pre = f"{where}." if where else ""
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
         hint = f" (did you mean {pre}{close[0]}?)" if close else ""
-        raise ScenarioError(
-            f"scenario {src!r}: unknown key(s) {', '.join(pre + k for k in unknown)}{hint}; "
-            f"valid keys{' under ' + path if path else ''}: {', '.join(sorted(names))}"
+        return ScenarioError(
+            f"scenario {src!r}: unknown key(s) {key}{hint}; "
+            f"valid keys{' under ' + where if where else ''}: {', '.join(sorted(names))}"
         )
-    for name, value in data.items():
-        key = f"{path}.{name}" if path else name
-        if value is None:
-            continue  # OmegaConf refuses None for a required field, and Optional fields take it
-        kind, inner = _unwrap(hints[name])
-        if kind is list:
-            if not isinstance(value, list) or not value:
-                raise ScenarioError(f"scenario {src!r}: {key}={value!r} must be a non-empty list")
-            for i, item in enumerate(value):
-                if dataclasses.is_dataclass(inner):
-                    _check_shape(src, inner, item, f"{key}[{i}]")
-        elif kind is dict:
-            if not isinstance(value, dict):
-                raise ScenarioError(f"scenario {src!r}: {key}={value!r} must be a mapping")
-        elif dataclasses.is_dataclass(inner):
-            _check_shape(src, inner, value, key)
-        elif not _scalar_ok(inner, value):
-            raise ScenarioError(f"scenario {src!r}: {key}={value!r} must be {_SCALAR_NAMES.get(inner, inner)}")
+    if kind in ("dataclass_type", "dataclass_exact_type"):
+        return ScenarioError(f"scenario {src!r}: {key or 'top level'} must be a mapping, got {type(value).__name__}")
+    return ScenarioError(f"scenario {src!r}: {key}={value!r} must be {_WANT.get(kind, error['msg'])}")
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The dataclass behind ``X``, ``Optional[X]``, ``list[X]`` (``Annotated`` already stripped)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return _unwrap(args[0]) if args else annotation
 
 
 def _check_ranges(src: str, obj: Any, path: str = "") -> None:
-    """Every field's ``metadata`` bounds and patterns, recursively."""
+    """Every field's ``range`` (:class:`~verl_ext.config.Range`) and ``pattern`` metadata, recursively."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         key = f"{path}.{f.name}" if path else f.name
@@ -323,22 +328,12 @@ def _check_ranges(src: str, obj: Any, path: str = "") -> None:
                 if dataclasses.is_dataclass(item):
                     _check_ranges(src, item, f"{key}[{i}]")
             continue
-        if value is None or not f.metadata:
+        if value is None:
             continue
-        m = f.metadata
-        if "pattern" in m and not m["pattern"].match(value):
-            raise ScenarioError(f"scenario {src!r}: {key}={value!r} must match {m['why']}")
-        lo = ("ge", m["ge"]) if "ge" in m else ("gt", m["gt"]) if "gt" in m else None
-        hi = ("le", m["le"]) if "le" in m else ("lt", m["lt"]) if "lt" in m else None
-        bad_lo = lo is not None and (value < lo[1] if lo[0] == "ge" else value <= lo[1])
-        bad_hi = hi is not None and (value > hi[1] if hi[0] == "le" else value >= hi[1])
-        if bad_lo or bad_hi:
-            if lo and hi:
-                why = f"must lie in {'[' if lo[0] == 'ge' else '('}{lo[1]}, {hi[1]}{']' if hi[0] == 'le' else ')'}"
-            elif lo:
-                why = f"must be {'>=' if lo[0] == 'ge' else '>'} {lo[1]}"
-            else:
-                why = f"must be {'<=' if hi[0] == 'le' else '<'} {hi[1]}"
+        if "name_pattern" in f.metadata and not f.metadata["name_pattern"].match(value):
+            raise ScenarioError(f"scenario {src!r}: {key}={value!r} must match {f.metadata['why']}")
+        why = f.metadata["range"].violation(value) if "range" in f.metadata else None
+        if why:
             raise ScenarioError(f"scenario {src!r}: {key}={value!r} {why}")
 
 
@@ -371,13 +366,10 @@ def scenario_from_dict(data: Any, source: str = "<dict>") -> Scenario:
     src = source
     if isinstance(data, dict):  # an empty section (``gdro:`` with nothing under it) means its defaults
         data = {k: v for k, v in data.items() if not (v is None and k in ("gdro", "learner", "length"))}
-    _check_shape(src, ScenarioSpec, data, "")
     try:
-        spec: ScenarioSpec = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ScenarioSpec), data))
-    except MissingMandatoryValue as exc:
-        raise ScenarioError(f"scenario {src!r}: missing required key(s) {exc.full_key}") from None
-    except OmegaConfBaseException as exc:  # pragma: no cover - _check_shape catches what OmegaConf would
-        raise ScenarioError(f"scenario {src!r}: {exc.full_key}: {str(exc).splitlines()[0]}") from None
+        spec: ScenarioSpec = _SPEC.validate_python(data)
+    except ValidationError as exc:
+        raise _shape_error(src, exc.errors()[0], data) from None
     _check_ranges(src, spec)
     name = spec.name or os.path.splitext(os.path.basename(source))[0] or "scenario"
     if not _NAME_RE.match(name):

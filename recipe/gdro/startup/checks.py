@@ -54,6 +54,7 @@ from verl_ext import (
     gdro_config_to_dict,
 )
 from verl_ext.atomic import blocking_file as _blocking_file
+from verl_ext.config import Range
 
 SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
 # verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
@@ -100,18 +101,15 @@ class VerlKey:
 
     key: str
     kind: type  # int, float or bool
-    low: Optional[float] = None  # inclusive unless low_open
-    high: Optional[float] = None  # inclusive
-    low_open: bool = False
+    range: Range | None = None  # verl_ext's Range, the GDRO config's and the scenario's vocabulary
     nullable: bool = False
     also: tuple = ()  # other accepted values (e.g. -1 = never)
 
     def describe(self) -> str:
         want = {int: "an integer", float: "a number", bool: "true or false"}[self.kind]
-        if self.low is not None and self.high is not None:
-            want += f" in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
-        elif self.low is not None:
-            want += f" {'>' if self.low_open else '>='} {self.low:g}"
+        if self.range is not None:
+            two_sided = self.range.lo is not None and self.range.hi is not None
+            want += f" {'in ' if two_sided else ''}{self.range.text()}"
         extra = [repr(v) for v in self.also] + (["null"] if self.nullable else [])
         return want + (f" (or {' / '.join(extra)})" if extra else "")
 
@@ -126,39 +124,35 @@ class VerlKey:
             return False
         if self.kind is int and not isinstance(value, int):
             return False
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or value <= self.high
+        return (self.range or Range()).violation(value) is None
 
 
-_POS_INT = {"kind": int, "low": 1}
+_POS_INT = {"kind": int, "range": Range(lo=1, integer=True)}
 VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("data.train_batch_size", **_POS_INT),
     VerlKey("data.gen_batch_size", **_POS_INT, nullable=True),
     VerlKey("data.max_prompt_length", **_POS_INT),
     VerlKey("data.max_response_length", **_POS_INT),
     VerlKey("actor_rollout_ref.rollout.n", **_POS_INT),
-    VerlKey("actor_rollout_ref.actor.optim.lr", float, low=0),  # 0: a run that only evaluates or resaves
-    VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, low=0),
-    VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, low=0, high=1),
+    VerlKey("actor_rollout_ref.actor.optim.lr", float, Range(lo=0)),  # 0: a run that only evaluates or resaves
+    VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, Range(0, 1)),
     VerlKey("actor_rollout_ref.actor.ppo_mini_batch_size", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.ppo_epochs", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
     VerlKey("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.use_dynamic_bsz", bool),
     VerlKey("actor_rollout_ref.actor.use_kl_loss", bool),
-    VerlKey("actor_rollout_ref.actor.kl_loss_coef", float, low=0),
-    VerlKey("actor_rollout_ref.actor.clip_ratio_low", float, low=0),
-    VerlKey("actor_rollout_ref.actor.clip_ratio_high", float, low=0),
+    VerlKey("actor_rollout_ref.actor.kl_loss_coef", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_low", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_high", float, Range(lo=0)),
     VerlKey("actor_rollout_ref.actor.fsdp_config.param_offload", bool),
     VerlKey("actor_rollout_ref.actor.fsdp_config.optimizer_offload", bool),
     VerlKey("actor_rollout_ref.ref.fsdp_config.param_offload", bool),
-    VerlKey("actor_rollout_ref.rollout.gpu_memory_utilization", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.gpu_memory_utilization", float, Range(0, 1, lo_open=True)),
     VerlKey("actor_rollout_ref.rollout.tensor_model_parallel_size", **_POS_INT),
-    VerlKey("actor_rollout_ref.rollout.temperature", float, low=0),
-    VerlKey("actor_rollout_ref.rollout.top_p", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.temperature", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.rollout.top_p", float, Range(0, 1, lo_open=True)),
     VerlKey("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", bool),
     VerlKey("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
     VerlKey("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", **_POS_INT),
