@@ -37,10 +37,10 @@ VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
 # `recipe` is a namespace package (no recipe/__init__.py), as in verl's recipes: TransferQueue and
 # other recipes install their own `recipe/` portions, and a regular package would shadow them.
 # `recipe.gdro` itself is a regular package. The config/ folder (with its config groups size/,
-# method/, protocol/, paper_exact*/) and sim/scenarios/ are package data.
+# method/, protocol/, paper_exact*/) and lab/sim/scenarios/ are package data.
 PACKAGES = find_namespace_packages(
     include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
-    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.tinylm.base"],
+    exclude=["*.__pycache__", "recipe.gdro.lab.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.lab.tinylm.base"],
 )
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
@@ -64,13 +64,13 @@ setup(
     license="Apache-2.0",
     packages=PACKAGES,
     package_data={
-        # tinylm/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
+        # lab/tinylm/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
         "recipe.gdro": [
             "config/*.yaml",
             "config/*/*.yaml",
-            "sim/scenarios/*.yaml",
-            "sim/scenarios/*.csv",
-            "tinylm/base/*",
+            "lab/sim/scenarios/*.yaml",
+            "lab/sim/scenarios/*.csv",
+            "lab/tinylm/base/*",
         ],
     },
     include_package_data=True,

@@ -98,11 +98,11 @@ def test_wheel_contents(wheel):
         "recipe/gdro/config/gdro_trainer.yaml",
         "recipe/gdro/config/size/8b.yaml",  # the config groups
         "recipe/gdro/config/paper_exact_settings/on_rollout_gdro.yaml",
-        "recipe/gdro/sim/scenarios/dapo_like.yaml",
-        "recipe/gdro/tinylm/policy.py",
-        "recipe/gdro/tinylm/base/config.json",
-        "recipe/gdro/tinylm/base/model.safetensors",
-        "recipe/gdro/tinylm/base/tokenizer.json",
+        "recipe/gdro/lab/sim/scenarios/dapo_like.yaml",
+        "recipe/gdro/lab/tinylm/policy.py",
+        "recipe/gdro/lab/tinylm/base/config.json",
+        "recipe/gdro/lab/tinylm/base/model.safetensors",
+        "recipe/gdro/lab/tinylm/base/tokenizer.json",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",
     ):

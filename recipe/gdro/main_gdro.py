@@ -105,7 +105,7 @@ def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
         return 2
 
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
-    from recipe.gdro.backends.cpu import is_cpu_backend, prepare_cpu_config
+    from recipe.gdro.lab.backends.cpu import is_cpu_backend, prepare_cpu_config
 
     try:
         if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
@@ -182,7 +182,7 @@ def _train(config: DictConfig, prepared, cluster_lines: list[str], stdout) -> in
 
     before_training(config)  # library notices once, the interrupt line names the checkpoint (results/summary.py)
 
-    from recipe.gdro.backends.cpu import is_cpu_backend
+    from recipe.gdro.lab.backends.cpu import is_cpu_backend
 
     if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
         from recipe.gdro.task_runner import run_cpu

@@ -21,7 +21,7 @@ The trainer is verl's own choice, ``get_trainer_cls(trainer.v1.trainer_mode)``: 
 here, so the Ray actor has it); verl's keys run verl's trainers (allowed only with both GDRO adversaries
 disabled, see :func:`recipe.gdro.startup.checks.check_supported_modes`). :meth:`GDROTaskRunner.run` is the
 one run of both backends: what differs is a backend object's hooks (:class:`VerlBackend` here, the Ray actor
-``run_ppo`` starts; ``recipe.gdro.backends.cpu.CPUBackend`` in-process). It lives in its own module (not
+``run_ppo`` starts; ``recipe.gdro.lab.backends.cpu.CPUBackend`` in-process). It lives in its own module (not
 ``__main__``) so Ray workers import it by reference.
 """
 
@@ -179,7 +179,7 @@ def run_cpu(
     (passing it no resources), and run :class:`GDROTaskRunner` in this process with the CPU backend's hooks;
     returns the trainer. A failed ``ray.init`` is a ``RayJoinError`` (one line). ``agent_loop_options``
     (keyword arguments of ``CPUAgentLoopManager``) and ``freeze_gc`` exist for the benchmark's baseline."""
-    from recipe.gdro.backends.cpu import CPUBackend, prepare_cpu_config
+    from recipe.gdro.lab.backends.cpu import CPUBackend, prepare_cpu_config
 
     prepare_cpu_config(config)
     # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine

@@ -46,7 +46,7 @@ seven of its extension points; verl's ``fit`` / ``step`` loop is used unchanged.
 ``_validate`` / ``_val_metrics_update``
     at each validation, appends verl's ``val-core`` / ``val-aux`` metrics (plus, per data source, the
     prompt count and the exact pass@k) to the same file as a ``{"val_step": N, ...}`` line, which
-    ``python -m recipe.gdro.results.table`` turns into the paper's Table 1.
+    ``python -m recipe.gdro.lab.results.table`` turns into the paper's Table 1.
 
 With both adversaries disabled the advantages and rollout counts are verl's, untouched. By default
 (``gdro.observe=true``) the binner still observes every step and the ``gdro/*`` metrics, JSONL file
@@ -772,7 +772,7 @@ class GDROTrainerSync(PPOTrainerSync):
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
-        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``). No public
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.lab.results.table``). No public
         verl hook receives the validation metrics (``on_validate_end`` gets nothing)."""
         self._gdro_val_extra = {}
         val_metrics = super()._validate()

@@ -117,7 +117,7 @@ def test_the_trainer_is_verls_registry_entry_for_the_recipes_key():
     from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
     from recipe.gdro import task_runner as TR
-    from recipe.gdro.backends.cpu import CPUBackendMixin, prepare_cpu_config
+    from recipe.gdro.lab.backends.cpu import CPUBackendMixin, prepare_cpu_config
     from recipe.gdro.startup.cli import compose_config
     from recipe.gdro.trainer import GDROTrainerSync
 

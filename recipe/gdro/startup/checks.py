@@ -58,7 +58,7 @@ from verl_ext.atomic import blocking_file as _blocking_file
 SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
 # verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
 # "gdro_sync", the recipe's default trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it
-# runs (recipe.gdro.backends.cpu). Every other key is verl's own trainer.
+# runs (recipe.gdro.lab.backends.cpu). Every other key is verl's own trainer.
 GDRO_TRAINER_MODE = "gdro_sync"
 CPU_MODE_SUFFIX = "_cpu"
 
