@@ -40,7 +40,7 @@ out = {
     "recipe_path": list(recipe.__path__),
     "gdro": recipe.gdro.__file__,
     "config": (importlib.resources.files("recipe.gdro") / "config" / "gdro_trainer.yaml").is_file(),
-    "scenario": (importlib.resources.files("recipe.gdro") / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
+    "scenario": (importlib.resources.files("recipe.gdro") / "lab" / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
 }
 from recipe.gdro.startup.cli import compose_config  # the config groups resolve from the installed package
 out["groups"] = compose_config(["size=8b", "method=rollout_gdro", "paper_exact=on"]).gdro.rollout.allocator

@@ -14,6 +14,7 @@ from types import ModuleType
 from omegaconf import DictConfig, OmegaConf
 
 from recipe.gdro.startup.errors import GDRORecipeError
+from recipe.gdro.startup.recipe_config import Backend
 
 GROUP = "gdro.backends"
 VERL = "verl"  # verl's own workers and servers: no plugin
@@ -24,10 +25,11 @@ def backend_name(config: DictConfig) -> str:
 
 
 def in_process_backend(config: DictConfig) -> ModuleType | None:
-    """The plugin module of ``gdro.backend``, or None for ``verl``; a name no installed package registers
-    is a :class:`GDRORecipeError` (one line)."""
+    """The plugin module of ``gdro.backend``, or None for ``verl`` (and for a value that is no choice of
+    :class:`Backend`: the start-up checks refuse it, naming the choices); a choice no installed package
+    registers is a :class:`GDRORecipeError` (one line)."""
     name = backend_name(config)
-    if name == VERL:
+    if name == VERL or name not in {choice.value for choice in Backend}:
         return None
     found = entry_points(group=GROUP, name=name)
     if not found:
