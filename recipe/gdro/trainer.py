@@ -294,7 +294,7 @@ class GDROTrainerMixin:
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; its ``val-core`` / ``val-aux`` dict is also written to the metrics file as a
-        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.results.table``). No public
+        ``{"val_step": global_steps, ...}`` line (read by ``python -m recipe.gdro.lab.results.table``). No public
         verl hook receives the validation metrics (``on_validate_end`` gets nothing)."""
         self._gdro_val_extra = {}
         val_metrics = super()._validate()

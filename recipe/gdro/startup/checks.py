@@ -44,6 +44,8 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from recipe.gdro.startup.environment import check_environment
+from recipe.gdro.startup.errors import GDRORecipeError
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
 from verl_ext import (
     GDROConfig,
@@ -59,7 +61,7 @@ from verl_ext.config import Range
 SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
 # verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
 # "gdro_sync", the recipe's default trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it
-# runs (recipe.gdro.backends.cpu). Every other key is verl's own trainer.
+# runs (recipe.gdro.lab.backends.cpu). Every other key is verl's own trainer.
 GDRO_TRAINER_MODE = "gdro_sync"
 CPU_MODE_SUFFIX = "_cpu"
 
@@ -78,10 +80,6 @@ def verl_mode_section(config: DictConfig):
     """``trainer.v1.<mode>``, the section verl's base class reads for the mode its loop runs (GDRO's: sync)."""
     mode = SUPPORTED_TRAINER_MODE if is_gdro_trainer(config) else base_trainer_mode(config.trainer.v1.trainer_mode)
     return mode, config.trainer.v1.get(mode, None) or {}
-
-
-class GDRORecipeError(ValueError):
-    """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
 
 
 def startup_warning(message: str) -> None:
@@ -1260,8 +1258,6 @@ def prepare(
     on another machine cannot make: a writable checkpoint folder, a local model folder that holds a
     model, a running Ray cluster for several nodes.
     """
-    from recipe.gdro.startup.environment import check_environment  # (imports this module)
-
     check_environment()
     check_verl_keys(config)
     check_required_keys(config)
