@@ -269,7 +269,7 @@ def test_no_shared_memory_outlives_the_runs(runs):
 def test_a_lost_node_is_one_line_naming_it_and_the_checkpoint_to_resume_from(tmp_path):
     from omegaconf import OmegaConf
 
-    from recipe.gdro.main_gdro import _lost_node_line
+    from recipe.gdro.launch import _lost_node_line
 
     step = tmp_path / "global_step_2"
     (step / "actor").mkdir(parents=True)

@@ -65,7 +65,7 @@ def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
     WeightSyncTimeout inside it (and nothing inside an unrelated error) to report it in one line."""
     from ray.exceptions import RayTaskError
 
-    from recipe.gdro.main_gdro import _find_cause
+    from recipe.gdro.launch import _find_cause
 
     original = WeightSyncTimeout("the weight sync did not finish within 60 s")
     wrapped = RayTaskError("GDROTaskRunner.run", "Traceback ...", original)
