@@ -75,6 +75,7 @@ def test_the_committed_v2_report_and_figure_are_what_the_committed_runs_give():
         "-C",
         str(REPO),
         "log",
+        "--follow",  # the protocol moved under recipe/gdro/lab/ (issue 43): its first commit, not the move
         "--diff-filter=A",
         "--format=%cI",
         "--",
@@ -213,8 +214,9 @@ def test_a_run_key_does_not_name_the_checkout(tmp_path):
     """A fresh clone elsewhere must find the committed runs: the shipped base is keyed by its repo path."""
     p = load_protocol(_protocol(tmp_path))
     c = study.run_config(p, "grpo", 1e-4, 0)
-    assert c["direct"]["model_path"] == "recipe/gdro/lab/tinylm/base"
-    assert Path(study.local_path(c["direct"]["model_path"])) == study.REPO / "recipe" / "gdro" / "tinylm" / "base"
+    # keyed by the path the committed runs were made with (study.MOVED_PATHS), read from where the base is now
+    assert c["direct"]["model_path"] == "recipe/gdro/tinylm/base"
+    assert Path(study.local_path(c["direct"]["model_path"])) == study.REPO / "recipe/gdro/lab/tinylm/base"
     assert study.portable_path(tmp_path) == str(tmp_path.resolve())  # outside the repo: kept absolute
 
 
