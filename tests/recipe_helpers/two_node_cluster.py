@@ -83,7 +83,10 @@ class Cluster:
             "GDRO_VLLM_VENV": sys.prefix,  # ray_node.sh: this venv's ray (--cpu-platform)
             "GDRO_VENV": sys.prefix,  # (otherwise)
         }
-        self.temp_dir = str(base / "ray")
+        # Ray's session sockets live under --temp-dir and a Unix socket path is at most 107 bytes: pytest's
+        # temp folders (/tmp/pytest-of-root/pytest-107/popen-gw1/cluster0/ray/session_<date>_<pid>/sockets/
+        # plasma_store) passed that in a full-suite run, so the cluster gets a short folder of its own
+        self.temp_dir = tempfile.mkdtemp(prefix="gdro-ray-", dir="/tmp")
         self.port, self.dashboard_port = free_port(), free_port()
         self.address = ""  # the head's GCS address as its ray start records it
         self.dashboard = f"http://127.0.0.1:{self.dashboard_port}"
@@ -217,6 +220,7 @@ class Cluster:
                 continue
         _each(tree, "terminate")
         _each(psutil.wait_procs(tree, timeout=10)[1], "kill")
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _each(procs: list[psutil.Process], how: str) -> None:
