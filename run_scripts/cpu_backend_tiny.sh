@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A short real RL run on CPU with the in-process CPU backend (gdro.backend=cpu: the tiny LM's CPU
 # stand-ins for verl's GPU workers and LLM server, docs/cpu_backend.md): the shipped tiny LM
-# (recipe/gdro/tinylm/base) trained on arithmetic through verl 0.9.1's real v1 loop.
+# (recipe/gdro/lab/tinylm/base) trained on arithmetic through verl 0.9.1's real v1 loop.
 #
 #   METHOD=grpo|prompt_gdro|rollout_gdro|joint_gdro bash run_scripts/cpu_backend_tiny.sh [hydra overrides...]
 #
@@ -34,7 +34,7 @@ fi
 if [ ! -f "$DATA_DIR/train.parquet" ] || [ ! -f "$DATA_DIR/val.parquet" ]; then
   "$PY" -m data_prep.arith --local_dir "$DATA_DIR" --num_train "$NUM_TRAIN" --num_val "$NUM_VAL" --seed 0 --name_script_variables
 fi
-BASE=$("$PY" -c "from recipe.gdro.tinylm.model import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
+BASE=$("$PY" -c "from recipe.gdro.lab.tinylm.model import BASE_MODEL_DIR; print(BASE_MODEL_DIR)")
 
 exec "$PY" -m recipe.gdro.main_gdro \
   gdro.backend=cpu \

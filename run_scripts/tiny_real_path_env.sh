@@ -7,7 +7,7 @@
 #     python runs the launch (PYTHON), so no `source` step is needed. The cpu platform
 #     (recipe/gdro/backends/cpu_platform.py) is registered there by its verl.plugins entry point;
 #   * the model: actor_rollout_ref.model.path defaults to a vLLM-CPU-servable copy of the shipped base
-#     (the base itself when its head size is one vLLM-CPU takes; recipe/gdro/backends/cpu_platform_model.py);
+#     (the base itself when its head size is one vLLM-CPU takes; recipe/gdro/lab/backends/cpu_platform_model.py);
 #   * the data: data_prep.arith's train/val parquet files under DATA_DIR (default
 #     tiny_real_path_data/, NUM_TRAIN=64 prompts so that a 16-prompt batch revisits each every 4
 #     steps, NUM_VAL=32), made when missing;
@@ -36,7 +36,7 @@ tiny_real_path_launch() {
   for arg in "$@"; do [[ "$arg" == actor_rollout_ref.model.path=* ]] && model=given; done
   local defaults=("launch.ckpt_root=$root/tiny_real_path_out")
   if [[ -z "$model" ]]; then
-    model="$(cd "$root" && PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipe.gdro.backends.cpu_platform_model "$data/servable_base")"
+    model="$(cd "$root" && PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m recipe.gdro.lab.backends.cpu_platform_model "$data/servable_base")"
     defaults+=("actor_rollout_ref.model.path=$model")
   fi
   export DATA_DIR="$data" VAL_DIR="${VAL_DIR:-$data}" EVAL_SETS="${EVAL_SETS:-val}"

@@ -40,9 +40,9 @@ def _tables(lines: list[str]) -> list[list[str]]:
 def test_readme_results_tables_are_the_ones_commands_write():
     """The README's only table is the config reference: results live in docs/ (issue 24 item 8). The
     tiny-LM study's tables in docs/tiny_lm.md are `study report`'s (results/tiny_lm_study{,_v2}/REPORT.md,
-    which tests/gdro/experiments/test_study.py regenerates from the committed runs); the simulator's
+    which tests/gdro/lab/experiments/test_study.py regenerates from the committed runs); the simulator's
     headline table is sim_sweep's headline.md."""
-    from recipe.gdro.experiments.sweep import COMPARE_HEADER
+    from recipe.gdro.lab.experiments.sweep import COMPARE_HEADER
 
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
     assert [t[0] for t in _tables(lines)] == ["| key | default | meaning |"]
@@ -59,7 +59,7 @@ def test_readme_results_tables_are_the_ones_commands_write():
 
 def _headline_rows(path: Path) -> dict[tuple[str, str], str]:
     """(scenario, method) → row of the first COMPARE_HEADER table in a markdown file."""
-    from recipe.gdro.experiments.sweep import COMPARE_HEADER
+    from recipe.gdro.lab.experiments.sweep import COMPARE_HEADER
 
     lines = path.read_text(encoding="utf-8").splitlines()
     start = lines.index(COMPARE_HEADER) + 2
@@ -126,8 +126,8 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
     allocator constants moved by 20% (rollout.variance_beta 0.1 -> 0.12, mu_lr 0.05 -> 0.06,
     variance_prior 0.25 -> 0.2) move these cells no more than numpy's AVX2 kernels do.
     """
-    from recipe.gdro.experiments.sweep import COMPARE_COLUMNS, _compare_rows
-    from recipe.gdro.sim.methods import lookup_tuned_lr
+    from recipe.gdro.lab.experiments.sweep import COMPARE_COLUMNS, _compare_rows
+    from recipe.gdro.lab.sim.methods import lookup_tuned_lr
 
     headline = _headline_rows(REPO / "docs" / "simulator.md")
     for (scen, method), line in headline.items():
@@ -151,7 +151,7 @@ def test_simulator_headline_numbers_are_what_the_code_produces():
 def test_headline_row_comparison_allows_the_machine_and_rounding_and_nothing_more():
     """The comparison above, on issue 28's rows: the fresh AVX2 machine's rollout_gdro row passes
     against the docs' row; a moved SE reduction, a changed lr, an added "↑" or another mass ratio fails."""
-    from recipe.gdro.experiments.sweep import COMPARE_COLUMNS
+    from recipe.gdro.lab.experiments.sweep import COMPARE_COLUMNS
 
     tol = [HEADLINE_MACHINE_TOLERANCE[c] for c in COMPARE_COLUMNS]
     head = "dapo_like|rollout_gdro|×0.5|90.0 ± 4.3|"

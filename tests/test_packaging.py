@@ -40,7 +40,7 @@ out = {
     "recipe_path": list(recipe.__path__),
     "gdro": recipe.gdro.__file__,
     "config": (importlib.resources.files("recipe.gdro") / "config" / "gdro_trainer.yaml").is_file(),
-    "scenario": (importlib.resources.files("recipe.gdro") / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
+    "scenario": (importlib.resources.files("recipe.gdro") / "lab" / "sim" / "scenarios" / "dapo_like.yaml").is_file(),
 }
 from recipe.gdro.startup.cli import compose_config  # the config groups resolve from the installed package
 out["groups"] = compose_config(["size=8b", "method=rollout_gdro", "paper_exact=on"]).gdro.rollout.allocator
@@ -98,11 +98,11 @@ def test_wheel_contents(wheel):
         "recipe/gdro/config/gdro_trainer.yaml",
         "recipe/gdro/config/size/8b.yaml",  # the config groups
         "recipe/gdro/config/paper_exact_settings/on_rollout_gdro.yaml",
-        "recipe/gdro/sim/scenarios/dapo_like.yaml",
-        "recipe/gdro/tinylm/policy.py",
-        "recipe/gdro/tinylm/base/config.json",
-        "recipe/gdro/tinylm/base/model.safetensors",
-        "recipe/gdro/tinylm/base/tokenizer.json",
+        "recipe/gdro/lab/sim/scenarios/dapo_like.yaml",
+        "recipe/gdro/lab/tinylm/policy.py",
+        "recipe/gdro/lab/tinylm/base/config.json",
+        "recipe/gdro/lab/tinylm/base/model.safetensors",
+        "recipe/gdro/lab/tinylm/base/tokenizer.json",
         "verl_ext/__init__.py",
         "data_prep/dapo.py",
     ):

@@ -8,7 +8,8 @@ field, so an impossible setting fails at start-up, before any GPU time is spent.
 
 The recipe's Hydra section ``gdro:`` maps one-to-one onto :class:`GDROConfig`
 (``gdro.binner.*``, ``gdro.prompt.*``, ``gdro.rollout.*``); :func:`gdro_config_from_dict` builds
-it through OmegaConf structured configs and rejects unknown keys and wrong types.
+it through ``pydantic.TypeAdapter`` (the dataclasses stay stdlib ones: numbers and booleans are pydantic's
+strict types, unknown keys forbidden) and rejects unknown keys and wrong types. verl_ext needs numpy and pydantic.
 """
 
 from __future__ import annotations
@@ -16,17 +17,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import itertools
 import math
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, with_config
+
 
 class Choice(str, enum.Enum):
-    """A string option checked by the dataclass (and by OmegaConf, which validates Enum fields by name).
+    """A string option, checked by :meth:`parse`: in ``__post_init__``, in pydantic (the config's validation),
+    and by name in OmegaConf (recipe_config's structured keys).
 
     A ``str`` mixin whose ``str()`` and format are the plain value, so ``cfg.rollout.allocator ==
     "sqrt"``, f-strings, JSON and the metrics see the same strings as before; member name == value.
@@ -40,6 +44,29 @@ class Choice(str, enum.Enum):
     @classmethod
     def values(cls) -> tuple[str, ...]:
         return tuple(m.value for m in cls)
+
+    @classmethod
+    def parse(cls, value: Any) -> Choice:
+        """``value`` as a member, or ``ValueError`` listing the choices (with a did-you-mean)."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in cls.values():
+            return cls(value)
+        close = difflib.get_close_matches(str(value), cls.values(), n=1, cutoff=0.4)
+        raise ValueError(f"must be one of {cls.values()}" + (f"; did you mean {close[0]}?" if close else ""))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """pydantic validates a choice by :meth:`parse` (member or exact value; no other conversion)."""
+        from pydantic_core import PydanticCustomError, core_schema
+
+        def validate(value: Any) -> Choice:
+            try:
+                return cls.parse(value)
+            except ValueError as e:
+                raise PydanticCustomError("choice", str(e)) from None
+
+        return core_schema.no_info_plain_validator_function(validate)
 
 
 class LossSignal(Choice):
@@ -89,6 +116,10 @@ class ScoreInit(Choice):
     zero = "zero"
 
 
+# pydantic refuses unknown keys in every section (gdro_config_from_dict names them with a did-you-mean)
+_FORBID_EXTRA = ConfigDict(extra="forbid")
+
+
 class GDROConfigError(ValueError):
     """An impossible or malformed GDRO setting. The message names the field at fault."""
 
@@ -116,18 +147,25 @@ class Range:
             return f"{'>' if self.lo_open else '>='} {self.lo:g}"
         return f"{'<' if self.hi_open else '<='} {self.hi:g}"
 
-    def check(self, name: str, value: Any) -> None:
-        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
+    def violation(self, value: Any) -> str | None:
+        """Why ``value`` is out of range (``must lie in [0, 1)``, ``must be an integer >= 1``), or ``None``."""
         if self.integer:
             ok = isinstance(value, int) and not isinstance(value, bool)
         else:
-            ok = isinstance(value, (int, float)) and math.isfinite(value)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         ok = ok and (self.lo is None or (value > self.lo if self.lo_open else value >= self.lo))
         ok = ok and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi))
-        if not ok:
-            if self.lo is not None and self.hi is not None:
-                _fail(name, value, f"must lie in {self.text()}")
-            _fail(name, value, f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}")
+        if ok:
+            return None
+        if self.lo is not None and self.hi is not None:
+            return f"must lie in {self.text()}"
+        return f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}"
+
+    def check(self, name: str, value: Any) -> None:
+        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
+        why = self.violation(value)
+        if why:
+            _fail(name, value, why)
 
 
 def _check_ranges(config: Any, section: str) -> None:
@@ -140,21 +178,19 @@ def _check_ranges(config: Any, section: str) -> None:
 
 def _choice(field_name: str, cls: type[Choice], value: Any) -> Choice:
     """``value`` as a member of ``cls``, or :class:`GDROConfigError` listing the choices (did-you-mean)."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str) and value in cls.values():
-        return cls(value)
-    close = difflib.get_close_matches(str(value), cls.values(), n=1, cutoff=0.4)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    _fail(field_name, value, f"must be one of {cls.values()}{hint}")
-    raise AssertionError  # unreachable: _fail raises
+    try:
+        return cls.parse(value)
+    except ValueError as e:
+        _fail(field_name, value, str(e))
+        raise AssertionError from None  # unreachable: _fail raises
 
 
+@with_config(_FORBID_EXTRA)
 @dataclass
 class BinnerConfig:
     """Online difficulty binner (paper §3.1.2; docs/controllers.md)."""
 
-    num_bins: int = field(
+    num_bins: StrictInt = field(
         default=10,
         metadata={
             "brief": "K equal-width accuracy bins on [0, 1]",
@@ -165,7 +201,7 @@ class BinnerConfig:
             ),
         },
     )
-    bin_edges: list[float] | None = field(
+    bin_edges: list[StrictFloat] | None = field(
         default=None,
         metadata={
             "brief": "explicit edges ``[0, ..., 1]``; overrides ``num_bins``",
@@ -176,7 +212,7 @@ class BinnerConfig:
             ),
         },
     )
-    window: int = field(
+    window: StrictInt = field(
         default=50,
         metadata={
             "brief": "H, visits in a prompt's sliding window",
@@ -187,7 +223,7 @@ class BinnerConfig:
             ),
         },
     )
-    half_life: float | None = field(
+    half_life: StrictFloat | None = field(
         default=None,
         metadata={
             "brief": "``null`` = window mean; h: visit j ago weighs 2^(−j/h)",
@@ -201,7 +237,7 @@ class BinnerConfig:
             ),
         },
     )
-    hysteresis: float = field(
+    hysteresis: StrictFloat = field(
         default=0.0,
         metadata={
             "brief": "δ, margin beyond a bin edge before a prompt moves",
@@ -224,7 +260,7 @@ class BinnerConfig:
             ),
         },
     )
-    unseen_prior: float = field(
+    unseen_prior: StrictFloat = field(
         default=0.5,
         metadata={
             "brief": "prior accuracy for ``unseen=prior``",
@@ -254,18 +290,19 @@ class BinnerConfig:
         return [i / self.num_bins for i in range(self.num_bins + 1)]
 
 
+@with_config(_FORBID_EXTRA)
 @dataclass
 class PromptGDROConfig:
     """Prompt-GDRO, the data adversary: EMA-debiased EXP3P over bins (paper Eq. 12-16, App. A.2.1)."""
 
-    enable: bool = field(
+    enable: StrictBool = field(
         default=False,
         metadata={
             "brief": "Prompt-GDRO on/off",
             "help": "multiply each response's GRPO advantage by its bin's adversary weight.",
         },
     )
-    eta: float = field(
+    eta: StrictFloat = field(
         default=0.65,
         metadata={
             "brief": "η, EXP3P learning rate (Eq. 15)",
@@ -273,7 +310,7 @@ class PromptGDROConfig:
             "help": "η_q, the EXP3P learning rate in ω(b) = exp(η · clip(S(b), -C, C)).",
         },
     )
-    gamma: float = field(
+    gamma: StrictFloat = field(
         default=0.01,
         metadata={
             "brief": "γ, uniform exploration in q(b) (Eq. 16)",
@@ -281,7 +318,7 @@ class PromptGDROConfig:
             "help": "γ, uniform exploration mixed into q(b) = (1-γ) ω(b)/Σω + γ/K.",
         },
     )
-    beta: float = field(
+    beta: StrictFloat = field(
         default=0.12,
         metadata={
             "brief": "β, EMA rate of the debiased score (Eq. 14)",
@@ -289,7 +326,7 @@ class PromptGDROConfig:
             "help": "β, the EMA rate of the debiased score S(b) ← (1-β) S(b) + β ℓ̄(b)/q̂(b).",
         },
     )
-    score_clip: float = field(
+    score_clip: StrictFloat = field(
         default=5.0,
         metadata={
             "brief": "C, score clip before exp (ours)",
@@ -297,7 +334,7 @@ class PromptGDROConfig:
             "help": "C, the score clip before exponentiation (keeps ω finite).",
         },
     )
-    weight_cap: float = field(
+    weight_cap: StrictFloat = field(
         default=15.0,
         metadata={
             "brief": "ω_max, cap on a response's multiplier",
@@ -305,7 +342,7 @@ class PromptGDROConfig:
             "help": "ω_max, per-response multipliers are capped here after normalisation.",
         },
     )
-    share_floor: float = field(
+    share_floor: StrictFloat = field(
         default=0.01,
         metadata={
             "brief": "floor on the realised share q̂(b)",
@@ -346,7 +383,7 @@ class PromptGDROConfig:
             ),
         },
     )
-    lagged: bool = field(
+    lagged: StrictBool = field(
         default=False,
         metadata={
             "brief": "``true``: weights from the scores before this step's update",
@@ -356,7 +393,7 @@ class PromptGDROConfig:
             ),
         },
     )
-    min_group_prompts: float = field(
+    min_group_prompts: StrictFloat = field(
         default=8.0,
         metadata={
             "brief": "k₀, evidence pseudo-count; ``0`` = off",
@@ -397,11 +434,12 @@ class PromptGDROConfig:
 N_MAX_PER_MEAN = 3  # the appendix's n_max = 3·n̄ (12 at n̄ = 4), RolloutGDROConfig.n_max's default
 
 
+@with_config(_FORBID_EXTRA)
 @dataclass
 class RolloutGDROConfig:
     """Rollout-GDRO, the compute adversary (paper Eq. 17-21, §4.3, App. A.2.2)."""
 
-    enable: bool = field(
+    enable: StrictBool = field(
         default=False,
         metadata={
             "brief": "Rollout-GDRO on/off",
@@ -427,7 +465,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    n_mean: int = field(
+    n_mean: StrictInt = field(
         default=4,
         metadata={
             "brief": "n̄; follows ``actor_rollout_ref.rollout.n`` (set that)",
@@ -437,7 +475,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    n_min: int = field(
+    n_min: StrictInt = field(
         default=2,
         metadata={
             "brief": "smallest count for any prompt (≥ 2)",
@@ -447,7 +485,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    n_max: int | None = field(
+    n_max: StrictInt | None = field(
         default=None,
         metadata={
             "brief": "largest count for any prompt; ``null`` = 3·n̄ (appendix: 12)",
@@ -458,7 +496,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    mu_lr: float = field(
+    mu_lr: StrictFloat = field(
         default=0.05,
         metadata={
             "brief": "α_μ, dual-ascent step on log μ",
@@ -470,7 +508,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    mu_init: float | None = field(
+    mu_init: StrictFloat | None = field(
         default=None,
         metadata={
             "brief": "initial μ; ``null`` clears the first budget",
@@ -478,7 +516,7 @@ class RolloutGDROConfig:
             "help": "initial μ; ``None`` clears the first batch's budget exactly.",
         },
     )
-    variance_beta: float = field(
+    variance_beta: StrictFloat = field(
         default=0.1,
         metadata={
             "brief": "EMA rate of each bin's variance v_b",
@@ -486,7 +524,7 @@ class RolloutGDROConfig:
             "help": "EMA rate of each bin's within-group reward variance v_b.",
         },
     )
-    variance_prior: float = field(
+    variance_prior: StrictFloat = field(
         default=0.25,
         metadata={
             "brief": "v_b of a bin never observed",
@@ -494,7 +532,7 @@ class RolloutGDROConfig:
             "help": "v_b for a bin never observed (Bernoulli maximum 0.25); a bin's first observation replaces it.",
         },
     )
-    variance_floor: float = field(
+    variance_floor: StrictFloat = field(
         default=1e-3,
         metadata={
             "brief": "floor on v_b",
@@ -513,7 +551,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    variance_shrinkage: float = field(
+    variance_shrinkage: StrictFloat = field(
         default=8.0,
         metadata={
             "brief": "κ, weight of v_b in the per-prompt variance",
@@ -521,7 +559,7 @@ class RolloutGDROConfig:
             "help": "κ, the prior strength (in rollouts) of v_b in the per-prompt estimate.",
         },
     )
-    bandit_eta: float = field(
+    bandit_eta: StrictFloat = field(
         default=5.0,
         metadata={
             "brief": "``hedge``: learning rate (released: 0.65)",
@@ -529,7 +567,7 @@ class RolloutGDROConfig:
             "help": "``hedge``: learning rate on the per-(bin, arm) scores rescaled to [0, 1] per bin.",
         },
     )
-    bandit_gamma: float = field(
+    bandit_gamma: StrictFloat = field(
         default=0.05,
         metadata={
             "brief": "``hedge``: exploration over arms",
@@ -537,7 +575,7 @@ class RolloutGDROConfig:
             "help": "``hedge``: uniform exploration mixed into the per-bin arm distribution.",
         },
     )
-    bandit_beta: float = field(
+    bandit_beta: StrictFloat = field(
         default=0.12,
         metadata={
             "brief": "``hedge``: EMA rate of arm scores (released: 0.4)",
@@ -545,7 +583,7 @@ class RolloutGDROConfig:
             "help": "``hedge``: EMA rate of the per-(bin, arm) scores.",
         },
     )
-    seed: int = field(
+    seed: StrictInt = field(
         default=0,
         metadata={"brief": "RNG seed (checkpointed)", "help": "RNG seed (the bandit's exploration; ties)."},
     )
@@ -561,7 +599,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    token_lr: float = field(
+    token_lr: StrictFloat = field(
         default=1.0,
         metadata={
             "brief": "``budget=tokens``: dual step on the token price",
@@ -572,7 +610,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    failure_weight_k: int = field(
+    failure_weight_k: StrictInt = field(
         default=8,
         metadata={
             "brief": "``failure_weighted``: pass@k's k",
@@ -584,7 +622,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    tail_threshold: float = field(
+    tail_threshold: StrictFloat = field(
         default=0.1,
         metadata={
             "brief": "control: p̂ below it = tail",
@@ -595,7 +633,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    tail_share_factor: float = field(
+    tail_share_factor: StrictFloat = field(
         default=2.0,
         metadata={
             "brief": "control: tail count / n̄",
@@ -606,7 +644,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    length_beta: float = field(
+    length_beta: StrictFloat = field(
         default=0.3,
         metadata={
             "brief": "EMA rate of response length ĉ",
@@ -617,7 +655,7 @@ class RolloutGDROConfig:
             ),
         },
     )
-    length_shrinkage: float = field(
+    length_shrinkage: StrictFloat = field(
         default=8.0,
         metadata={
             "brief": "κ, weight of the bin's mean length in ĉ",
@@ -652,6 +690,7 @@ class RolloutGDROConfig:
         _check_ranges(self, "rollout")
 
 
+@with_config(_FORBID_EXTRA)
 @dataclass
 class GDROConfig:
     """The controllers' part of the ``gdro:`` section: the binner, the two adversaries, ``observe``.
@@ -672,7 +711,7 @@ class GDROConfig:
         default_factory=RolloutGDROConfig,
         metadata={"help": "Rollout-GDRO (rollout allocation)."},
     )
-    observe: bool = field(
+    observe: StrictBool = field(
         default=True,
         metadata={
             "brief": "adversaries off: still bin and log ``gdro/*``; ``false`` skips GDRO",
@@ -695,73 +734,73 @@ class GDROConfig:
         return self.enabled or self.observe
 
 
-_STRICT_SCALARS = {int: "an integer", float: "a number", bool: "true or false"}
+_WANT = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
 
 
-def _scalar_type(annotation: Any) -> Any:
-    """The scalar (or list element) type behind ``X``, ``Optional[X]``, ``X | None``, ``list[X]``."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (list, typing.Union, types.UnionType) and len(args) == 1:
-        return _scalar_type(args[0])
-    return annotation
+def _at(data: Any, loc: tuple[Any, ...]) -> Any:
+    """The input value at pydantic's error location ``loc`` (or ``None`` when it is missing)."""
+    for part in loc:
+        try:
+            data = data[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
-def _refuse_strings(cls: type, data: Mapping[str, Any], prefix: str) -> None:
-    """OmegaConf converts "3" to an int and "yes" to a bool; a typo'd override should fail instead."""
-    hints = typing.get_type_hints(cls)
-    for name, value in data.items():
-        path = f"{prefix}.{name}" if prefix else name
-        annotation = hints.get(name)
-        if annotation is None:
-            continue  # unknown key: OmegaConf reports it below
-        if dataclasses.is_dataclass(annotation):
-            if not isinstance(value, Mapping):
-                raise GDROConfigError(f"gdro config: gdro.{path} must be a mapping of its keys, got {value!r}")
-            _refuse_strings(annotation, value, path)
-            continue
-        if isinstance(annotation, type) and issubclass(annotation, Choice):
-            _choice(path, annotation, value)  # a did-you-mean before OmegaConf's terser message
-            continue
-        want = _STRICT_SCALARS.get(_scalar_type(annotation))
-        values = value if isinstance(value, (list, tuple)) else [value]
-        if want and any(isinstance(v, str) for v in values):
-            raise GDROConfigError(f"gdro config: gdro.{path}={value!r} must be {want}, not a string")
-
-
-def _fields_at(path: str) -> list[str]:
-    """Field names of the dataclass at dotted ``path`` below GDROConfig (for did-you-mean)."""
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """Field names of the dataclass that holds the key at ``loc`` (for did-you-mean)."""
     cls: Any = GDROConfig
-    for part in [p for p in path.split(".") if p][:-1]:
+    for part in loc[:-1]:
         cls = typing.get_type_hints(cls).get(part)
-        if not dataclasses.is_dataclass(cls):
-            return []
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def _unresolved_schema(schema: Any, cls: type) -> Any:
-    """``schema`` with every ``derived`` field back at ``None``: the structured schema is built from
-    default instances, whose ``__post_init__`` already resolved them (n_max = 3·n̄ at the default n̄),
-    so a merged ``n_mean`` would otherwise keep the default's bound."""
-    for f in dataclasses.fields(cls):
-        sub = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(sub):
-            _unresolved_schema(schema[f.name], sub)
-        elif f.metadata.get("derived"):
-            schema[f.name] = None
-    return schema
+def _config_error(error: Mapping[str, Any], data: Any) -> GDROConfigError:
+    """pydantic's first error as one :class:`GDROConfigError` line naming ``gdro.<key>`` and the value."""
+    kind, loc = error["type"], tuple(error["loc"])
+    if kind == "value_error" and isinstance(error.get("ctx", {}).get("error"), GDROConfigError):
+        return error["ctx"]["error"]  # a dataclass's own __post_init__ check: its message as it is
+    keys = tuple(itertools.takewhile(lambda part: isinstance(part, str), loc))  # list indices dropped
+    path = ".".join(("gdro", *keys))
+    value = _at(data, keys)
+    if kind == "unexpected_keyword_argument":
+        valid = _fields_at(keys)
+        close = difflib.get_close_matches(keys[-1], valid, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        where = ".".join(("gdro", *keys[:-1]))
+        listed = ", ".join(valid)
+        return GDROConfigError(f"gdro config: unknown key(s) {path}{hint} (valid keys under {where}: {listed})")
+    if kind in _WANT:
+        strings = value if isinstance(value, (list, tuple)) else [value]
+        why = ", not a string" if any(isinstance(v, str) for v in strings) else ""
+        return GDROConfigError(f"gdro config: {path}={value!r} must be {_WANT[kind]}{why}")
+    if kind == "list_type":
+        return GDROConfigError(f"gdro config: {path}={value!r} must be a list of numbers")
+    if kind in ("dataclass_type", "dict_type"):
+        return GDROConfigError(f"gdro config: {path} must be a mapping of its keys, got {value!r}")
+    if kind == "choice":
+        return GDROConfigError(f"gdro config: {path}={value!r} is invalid: {error['msg']}")
+    return GDROConfigError(f"gdro config: {path}={value!r}: {error['msg']}")
+
+
+@functools.cache
+def _adapter() -> Any:
+    import pydantic
+
+    return pydantic.TypeAdapter(GDROConfig)
 
 
 def gdro_config_from_dict(data: Any) -> GDROConfig:
     """Build a validated :class:`GDROConfig` from a mapping (e.g. the Hydra ``gdro`` section).
 
-    The mapping is merged onto ``OmegaConf.structured(GDROConfig)``, which checks keys and types;
-    ``OmegaConf.to_object`` then builds the dataclasses, whose ``__post_init__`` checks ranges.
-    Raises :class:`GDROConfigError` naming the key for unknown keys (with a did-you-mean), wrong
-    types (strings are refused for numbers and booleans, which OmegaConf alone would convert)
-    and impossible values.
+    pydantic validates the mapping against the dataclasses (``extra="forbid"``; numbers and booleans
+    are pydantic's strict types, so a string is refused where OmegaConf would convert it; a choice is
+    :class:`Choice`'s own validator), then each dataclass's ``__post_init__`` checks ranges and
+    cross-field rules. Raises :class:`GDROConfigError` naming the key for unknown keys (with a
+    did-you-mean), wrong types and impossible values.
     """
+    import pydantic
     from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
     if isinstance(data, DictConfig):
         data = OmegaConf.to_container(data, resolve=True)
@@ -773,26 +812,10 @@ def gdro_config_from_dict(data: Any) -> GDROConfig:
     for section in ("binner", "prompt", "rollout"):
         if section in data and data[section] is None:
             data[section] = {}  # an empty YAML section means "all defaults"
-    _refuse_strings(GDROConfig, data, "")
     try:
-        merged = OmegaConf.merge(_unresolved_schema(OmegaConf.structured(GDROConfig), GDROConfig), data)
-        return OmegaConf.to_object(merged)
-    except GDROConfigError:
-        raise
-    except ConfigKeyError as e:
-        key = str(getattr(e, "full_key", "") or "")
-        name = key.rsplit(".", 1)[-1]
-        valid = _fields_at(key)
-        close = difflib.get_close_matches(name, valid, n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        where = "gdro." + key.rsplit(".", 1)[0] if "." in key else "gdro"
-        raise GDROConfigError(
-            f"gdro config: unknown key(s) gdro.{key}{hint} (valid keys under {where}: {', '.join(valid)})"
-        ) from None
-    except OmegaConfBaseException as e:
-        key = str(getattr(e, "full_key", "") or "?")
-        msg = str(e).splitlines()[0]
-        raise GDROConfigError(f"gdro config: gdro.{key}: {msg}") from None
+        return _adapter().validate_python(data)
+    except pydantic.ValidationError as e:
+        raise _config_error(e.errors()[0], data) from None
 
 
 def gdro_config_to_dict(config: GDROConfig) -> dict[str, Any]:

@@ -1,0 +1,3 @@
+from recipe.gdro.moved import refuse_old_name
+
+refuse_old_name()

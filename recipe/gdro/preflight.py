@@ -267,7 +267,7 @@ def preflight_batch(trainer, counts: Sequence[int]):
     from tensordict import NonTensorData, NonTensorStack
     from verl.utils import tensordict_utils as tu
 
-    from recipe.gdro.trainer import ROLLOUT_N_FIELD
+    from recipe.gdro.trainer_step import ROLLOUT_N_FIELD
 
     chunks, total = [], 0
     while total < len(counts):
@@ -288,7 +288,7 @@ def sessions_in_transfer_queue(
     list the sessions that reached it: (one uid per session, final status per uid, every key found)."""
     import transfer_queue as tq
 
-    from recipe.gdro.trainer import split_trajectory_key
+    from recipe.gdro.trainer_step import split_trajectory_key
 
     wanted = set(uids)
     deadline = time.monotonic() + timeout

@@ -21,8 +21,8 @@ The trainer is verl's own choice, ``get_trainer_cls(trainer.v1.trainer_mode)``: 
 here, so the Ray actor has it); verl's keys run verl's trainers (allowed only with both GDRO adversaries
 disabled, see :func:`recipe.gdro.startup.checks.check_supported_modes`). :meth:`GDROTaskRunner.run` is the
 one run of both backends: what differs is a backend object's hooks (:class:`VerlBackend` here, the Ray actor
-``run_ppo`` starts; ``recipe.gdro.backends.cpu.CPUBackend`` in-process). It lives in its own module (not
-``__main__``) so Ray workers import it by reference.
+``run_ppo`` starts; ``gdro.backend=cpu``: the lab's ``CPUBackend``, in-process, found by its entry point).
+It lives in its own module (not ``__main__``) so Ray workers import it by reference.
 """
 
 from __future__ import annotations
@@ -179,9 +179,10 @@ def run_cpu(
     (passing it no resources), and run :class:`GDROTaskRunner` in this process with the CPU backend's hooks;
     returns the trainer. A failed ``ray.init`` is a ``RayJoinError`` (one line). ``agent_loop_options``
     (keyword arguments of ``CPUAgentLoopManager``) and ``freeze_gc`` exist for the benchmark's baseline."""
-    from recipe.gdro.backends.cpu import CPUBackend, prepare_cpu_config
+    from recipe.gdro.backend_plugins import in_process_backend
 
-    prepare_cpu_config(config)
+    plugin = in_process_backend(config)  # the gdro.backends entry point of gdro.backend (setup.py)
+    plugin.prepare_config(config)
     # One intra-op thread: the tiny LM's matrices are too small to split, and on a loaded 2-core machine
     # two OpenMP threads made a batched sample 5-20x slower (0.35 s vs 1.9-7.6 s for 256 x 16 tokens).
     from recipe.gdro.startup.environment import cpu_threads
@@ -208,7 +209,7 @@ def run_cpu(
         started = True
         reinstall()  # ray.init replaced the command's SIGTERM handler with sys.exit(15)
     try:
-        backend = CPUBackend(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc)
+        backend = plugin.Backend(trainer_mixins, agent_loop_options=agent_loop_options, freeze_gc=freeze_gc)
         runner = GDROTaskRunner(backend)
         runner.run(config)
         return runner.trainer

@@ -1,8 +1,8 @@
-"""A launch checks its config once: ``entry()`` checks before Hydra's job runtime, Hydra's ``main()`` runs
-that checked config, and the trainer takes the GDRO config it is handed instead of re-checking.
+"""A launch composes its config once and checks it once (``entry()``, no Hydra job runtime), and the
+trainer takes the GDRO config it is handed instead of re-checking.
 
-Each test runs a real launch through :func:`recipe.gdro.main_gdro.entry` (Hydra's job runtime included)
-up to verl's ``run_ppo``, which is replaced by a recorder: everything before it is the recipe's code.
+Each test runs a real launch through :func:`recipe.gdro.main_gdro.entry` up to verl's ``run_ppo``,
+which is replaced by a recorder: everything before it is the recipe's code.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_a_launch_runs_its_checks_once_and_hands_them_to_the_trainer(launch_argv
     launched = []
     monkeypatch.setattr(verl_main, "run_ppo", lambda config, task_runner_class: launched.append(config))
     assert main_gdro.entry(launch_argv) == 0
-    assert calls == ["check_launch", "prepare"]  # once each, before Hydra's job runtime
+    assert calls == ["check_launch", "prepare"]  # once each, before Ray
     assert len(launched) == 1
     config = launched[0]
     expected = checks.prepare(config, data_files=checks.DATA_REQUIRED, launch=True)
@@ -68,6 +68,19 @@ def test_a_launch_runs_its_checks_once_and_hands_them_to_the_trainer(launch_argv
     assert handed.metrics_file == expected.recipe.metrics_file == "gdro_metrics.jsonl"
     # what crosses to the Ray TaskRunner is plain data in the config (run_ppo pickles nothing else)
     assert isinstance(config[checks.CHECKED_KEY]["gdro"]["rollout"]["n_max"], int)
+
+
+def test_a_launch_composes_its_config_once(launch_argv, monkeypatch):
+    """Hydra's config loader runs once per launch (before: entry's compose_config, then @hydra.main's)."""
+    import verl.trainer.main_ppo as verl_main
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls: list[str] = []
+    counting(monkeypatch, ConfigLoaderImpl, "load_configuration", calls)
+    monkeypatch.setattr(verl_main, "run_ppo", lambda config, task_runner_class: None)
+    assert main_gdro.entry(launch_argv) == 0
+    assert calls == ["load_configuration"]
+    assert not Path("outputs").exists()  # no Hydra job runtime: no outputs/<date>/<time>/ folder
 
 
 def test_the_trainer_uses_what_it_is_handed_and_checks_nothing(launch_argv, monkeypatch):
@@ -85,7 +98,7 @@ def test_the_trainer_uses_what_it_is_handed_and_checks_nothing(launch_argv, monk
         counting(monkeypatch, T, name, calls)
     trainer = T.GDROTrainerSync(config)
     assert calls == []
-    assert trainer.gdro_config.rollout.enable is True and trainer.gdro_enabled
+    assert trainer.gdro_config.rollout.enable is True and trainer.gdro_runs
     assert trainer.gdro_metrics_path().endswith("/handed.jsonl")
     # built outside a launch (no handed-over key), the trainer checks the section itself, once
     with open_dict(config):
@@ -117,7 +130,7 @@ def test_the_trainer_is_verls_registry_entry_for_the_recipes_key():
     from verl.trainer.ppo.v1 import PPOTrainerSync, get_trainer_cls
 
     from recipe.gdro import task_runner as TR
-    from recipe.gdro.backends.cpu import CPUBackendMixin, prepare_cpu_config
+    from recipe.gdro.lab.backends.cpu import CPUBackendMixin, prepare_cpu_config
     from recipe.gdro.startup.cli import compose_config
     from recipe.gdro.trainer import GDROTrainerSync
 

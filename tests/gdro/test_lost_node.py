@@ -12,7 +12,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-import recipe.gdro.main_gdro as main_gdro
+import recipe.gdro.launch as launch
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def watched(monkeypatch, tmp_path):
     ]
     ended: list[tuple[str, int]] = []
     monkeypatch.setattr("ray.nodes", lambda: [dict(n) for n in nodes])
-    monkeypatch.setattr(main_gdro, "end_process", lambda line, code: ended.append((line, code)))
+    monkeypatch.setattr(launch, "end_process", lambda line, code: ended.append((line, code)))
     (tmp_path / "gdro_metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     config = OmegaConf.create(
         {"trainer": {"default_local_dir": str(tmp_path)}, "gdro": {"metrics_file": "gdro_metrics.jsonl"}}
@@ -40,7 +40,7 @@ def _wait(ended: list, seconds: float) -> None:
 
 def test_a_node_of_the_run_lost_ends_the_run_after_the_grace(watched):
     config, nodes, ended = watched
-    watch = main_gdro._LostNodeWatch(config, {"a" * 56, "b" * 56}, poll=0.01, grace=0.2)
+    watch = launch._LostNodeWatch(config, {"a" * 56, "b" * 56}, poll=0.01, grace=0.2)
     time.sleep(0.1)
     assert ended == []  # the node lost before the run ("c") is not this run's
     nodes[1]["Alive"] = False
@@ -55,7 +55,7 @@ def test_a_node_of_the_run_lost_ends_the_run_after_the_grace(watched):
 
 def test_a_run_that_ends_within_the_grace_is_left_to_report_itself(watched):
     config, nodes, ended = watched
-    watch = main_gdro._LostNodeWatch(config, {"a" * 56, "b" * 56}, poll=0.01, grace=0.5)
+    watch = launch._LostNodeWatch(config, {"a" * 56, "b" * 56}, poll=0.01, grace=0.5)
     nodes[0]["Alive"] = False
     time.sleep(0.2)
     assert watch.claim() is True  # the run's error path reports the lost node itself
@@ -71,7 +71,7 @@ def test_an_error_on_several_nodes_waits_for_ray_to_name_the_lost_node(watched, 
     monkeypatch.setattr("ray.is_initialized", lambda: True)
     error = RuntimeError("gloo: Read error: Connection reset by peer")
     t0 = time.monotonic()
-    assert main_gdro._lost_nodes(error, {"a" * 56}, wait=0.5) == []  # one node: reported at once, as it is
+    assert launch._lost_nodes(error, {"a" * 56}, wait=0.5) == []  # one node: reported at once, as it is
     assert time.monotonic() - t0 < 0.5
 
     def mark_dead():
@@ -79,5 +79,5 @@ def test_an_error_on_several_nodes_waits_for_ray_to_name_the_lost_node(watched, 
         nodes[1]["Alive"] = False
 
     threading.Thread(target=mark_dead).start()
-    lost = main_gdro._lost_nodes(error, {"a" * 56, "b" * 56}, wait=5.0)
+    lost = launch._lost_nodes(error, {"a" * 56, "b" * 56}, wait=5.0)
     assert [n["NodeID"] for n in lost] == ["b" * 56]

@@ -163,7 +163,7 @@ def test_verls_advantages_are_grpos_times_the_multipliers_of_the_same_batch(runs
     import torch
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from recipe.gdro.trainer import split_trajectory_key
+    from recipe.gdro.trainer_step import split_trajectory_key
 
     steps = verl_steps(runs["joint_gdro"] / "verl_metrics.jsonl")
     scaled = 0
@@ -273,7 +273,7 @@ def test_no_shared_memory_outlives_the_runs(runs):
 def test_a_lost_node_is_one_line_naming_it_and_the_checkpoint_to_resume_from(tmp_path):
     from omegaconf import OmegaConf
 
-    from recipe.gdro.main_gdro import _lost_node_line
+    from recipe.gdro.launch import _lost_node_line
 
     step = tmp_path / "global_step_2"
     (step / "actor").mkdir(parents=True)

@@ -635,7 +635,7 @@ def test_custom_reward_fn_routes_math_and_gpqa_and_validation_is_recorded(tq_ses
     sets scored by math_dapo, GPQA by letter (math_dapo would score "Answer: (B) option B" wrong, verl's
     default router has no GPQA scorer). Validation (before training and at step 2) lands in the metrics
     file and gives a Table-1 row."""
-    from recipe.gdro.results import table as RT
+    from recipe.gdro.lab.results import table as RT
     from recipe.gdro.results.metrics_io import read_validation_jsonl
     from recipe.gdro.trainer import GDROTrainerSync
 

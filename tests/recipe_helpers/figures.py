@@ -74,7 +74,7 @@ def compare_row_numbers(e: Mapping, ref: Mapping, same: bool) -> list[list[float
     cells' order and units (points; lr and mass ratio as they are). A cell it prints as "–" has none."""
     import numpy as np
 
-    from recipe.gdro.sim.simulate import paired_ci
+    from recipe.gdro.lab.sim.simulate import paired_ci
 
     def pm(k: str) -> list[float]:
         return [100 * float(e[k]), 100 * float(e[k + "_std"])]
@@ -132,9 +132,9 @@ HEADLINE_METHODS = ["grpo", "rollout_gdro"]
 def headline_run() -> dict:
     """The simulator run behind the two headline rows test_docs recomputes: dapo_like, grpo and
     rollout_gdro, seeds 0-4, each at its shipped tuned lr."""
-    from recipe.gdro.sim.methods import lookup_tuned_lr
-    from recipe.gdro.sim.scenario import load_scenario
-    from recipe.gdro.sim.simulate import run_experiment
+    from recipe.gdro.lab.sim.methods import lookup_tuned_lr
+    from recipe.gdro.lab.sim.scenario import load_scenario
+    from recipe.gdro.lab.sim.simulate import run_experiment
 
     return run_experiment(
         load_scenario("dapo_like"),
@@ -152,8 +152,8 @@ def headline_run() -> dict:
 def simulator_headline_figures() -> dict[str, object]:
     """The rows of :func:`headline_run`: rendered, and the unrounded numbers behind each cell (points,
     except the mass ratio)."""
-    from recipe.gdro.experiments.sweep import _compare_rows
-    from recipe.gdro.results.stats import paired_ci
+    from recipe.gdro.lab.experiments.sweep import _compare_rows
+    from recipe.gdro.lab.results.stats import paired_ci
 
     methods = HEADLINE_METHODS
     res = headline_run()

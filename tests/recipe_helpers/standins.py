@@ -32,8 +32,8 @@ import torch
 import transfer_queue as tq
 from tensordict import TensorDict
 
-from recipe.gdro.backends.cpu_rollout import generate_and_drain
-from recipe.gdro.backends.cpu_workers import InProcessReplicas, install_in_process_workers
+from recipe.gdro.lab.backends.cpu_rollout import generate_and_drain
+from recipe.gdro.lab.backends.cpu_workers import InProcessReplicas, install_in_process_workers
 
 SPECIAL_TOKENS = ["<|pad|>", "<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
 CHAT_TEMPLATE = (

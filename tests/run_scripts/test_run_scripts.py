@@ -240,7 +240,7 @@ def test_readme_direct_launch_is_named_and_stored_as_the_scripts_run(tmp_path, m
     monkeypatch.setenv("HOME", str(home))
     readme = (REPO / "README.md").read_text()
     direct = shlex.split(README_LINE.search(readme).group(1).replace("$HOME", str(home)))[3:]
-    table_glob = re.search(r"python -m recipe\.gdro\.results\.table (\$HOME/\S+)`", readme).group(1)
+    table_glob = re.search(r"python -m recipe\.gdro\.lab\.results\.table (\$HOME/\S+)`", readme).group(1)
     config = compose_config(direct)
     direct_keys = {k: OmegaConf.select(config, k) for k in ("trainer.project_name", "trainer.experiment_name")}
     assert direct_keys == {"trainer.project_name": "gdro", "trainer.experiment_name": "qwen3_8b_rollout_gdro"}

@@ -137,9 +137,9 @@ def test_data_prep_interrupted_mid_conversion_writes_nothing(tmp_path):
 
 
 def test_simulator_interrupted_during_its_imports(tmp_path):
-    """``python -m recipe.gdro.sim.simulate``: SIGINT while it is still importing (numpy, scipy, verl)."""
+    """``python -m recipe.gdro.lab.sim.simulate``: SIGINT while it is still importing (numpy, scipy, verl)."""
     out = tmp_path / "sim"
-    proc = start([PY, "-m", "recipe.gdro.sim.simulate", "--out", str(out), "--steps", "50", "--quiet"])
+    proc = start([PY, "-m", "recipe.gdro.lab.sim.simulate", "--out", str(out), "--steps", "50", "--quiet"])
     try:
         time.sleep(1.5)  # the handler is in place after ~0.3 s; verl's import alone takes several seconds
         assert proc.poll() is None
@@ -153,8 +153,8 @@ def test_simulator_interrupted_during_its_imports(tmp_path):
 @pytest.mark.parametrize(
     "argv, sig",
     [
-        (["-m", "recipe.gdro.experiments.sweep", "tune", "--quiet"], signal.SIGTERM),
-        (["-m", "recipe.gdro.experiments.study", "primary", "--jobs", "2"], signal.SIGINT),
+        (["-m", "recipe.gdro.lab.experiments.sweep", "tune", "--quiet"], signal.SIGTERM),
+        (["-m", "recipe.gdro.lab.experiments.study", "primary", "--jobs", "2"], signal.SIGINT),
     ],
     ids=["sweep-TERM", "study-INT"],
 )
@@ -186,7 +186,7 @@ def test_quickstart_interrupted_stops_its_training_run(tmp_path):
     (out / "grpo" / "gdro_metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in range(1, 31)))
     (out / "report.md").write_text("# the previous run: 30 steps\n")
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    proc = start([PY, "-m", "recipe.gdro.experiments.quickstart", "--out", str(out), "--steps", "3"])
+    proc = start([PY, "-m", "recipe.gdro.lab.experiments.quickstart", "--out", str(out), "--steps", "3"])
     partial = tmp_path / "qs.partial" / "grpo" / "gdro_metrics.jsonl"
     try:
 
@@ -333,15 +333,18 @@ def test_cpu_backend_run_interrupted_mid_training(tmp_path):
 def _refusals(tmp_path: Path) -> list[tuple[list[str], str]]:
     plain = tmp_path / "plain"
     return [
-        (["-m", "recipe.gdro.experiments.quickstart", "--steps", "0", "--out", str(tmp_path / "q")], "--steps 0"),
-        (["-m", "recipe.gdro.experiments.quickstart", "--out", str(plain / "q")], f"{plain} is a file"),
-        (["-m", "recipe.gdro.experiments.sweep", "tune", "--steps", "0", "--out", str(tmp_path / "s")], "--steps 0"),
-        (["-m", "recipe.gdro.experiments.study", "--results", str(tmp_path / "st"), "report"], "no runs folder"),
+        (["-m", "recipe.gdro.lab.experiments.quickstart", "--steps", "0", "--out", str(tmp_path / "q")], "--steps 0"),
+        (["-m", "recipe.gdro.lab.experiments.quickstart", "--out", str(plain / "q")], f"{plain} is a file"),
         (
-            ["-m", "recipe.gdro.experiments.study", "--results", str(tmp_path / "st"), "--jobs", "0", "primary"],
+            ["-m", "recipe.gdro.lab.experiments.sweep", "tune", "--steps", "0", "--out", str(tmp_path / "s")],
+            "--steps 0",
+        ),
+        (["-m", "recipe.gdro.lab.experiments.study", "--results", str(tmp_path / "st"), "report"], "no runs folder"),
+        (
+            ["-m", "recipe.gdro.lab.experiments.study", "--results", str(tmp_path / "st"), "--jobs", "0", "primary"],
             "--jobs",
         ),
-        (["-m", "recipe.gdro.sim.simulate", "--out", str(plain / "x"), "--steps", "5"], f"{plain} is a file"),
+        (["-m", "recipe.gdro.lab.sim.simulate", "--out", str(plain / "x"), "--steps", "5"], f"{plain} is a file"),
     ]
 
 

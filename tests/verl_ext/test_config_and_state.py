@@ -55,6 +55,22 @@ def test_strings_are_not_numbers_or_booleans(section, key):
         gdro_config_from_dict(section)
 
 
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"rollout": {"n_min": 2.5}}, "gdro.rollout.n_min=2.5 must be an integer"),
+        ({"rollout": {"n_max": True}}, "gdro.rollout.n_max=True must be an integer"),
+        ({"rollout": {"seed": None}}, "gdro.rollout.seed=None must be an integer"),
+        ({"binner": {"bin_edges": "x"}}, "gdro.binner.bin_edges='x' must be a list of numbers"),
+    ],
+)
+def test_wrong_types_name_the_key_the_value_and_the_type(section, message):
+    """pydantic's strict types: a float, a bool or null is not an integer; the line names all three."""
+    with pytest.raises(GDROConfigError) as e:
+        gdro_config_from_dict(section)
+    assert str(e.value) == f"gdro config: {message}"
+
+
 def test_unknown_keys_suggest_the_closest_name():
     with pytest.raises(GDROConfigError, match=r"unknown key\(s\) gdro\.rollout\.n_mn; did you mean n_min\?"):
         gdro_config_from_dict({"rollout": {"n_mn": 2}})

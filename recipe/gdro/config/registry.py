@@ -1,7 +1,7 @@
 """The method registry: ``config/method/<name>.yaml`` is the one definition of a method.
 
 The recipe's Hydra entry point selects a file with ``method=<name>``; the simulator
-(:mod:`recipe.gdro.sim.methods`), the direct tiny-LM loop and the study read the same files
+(:mod:`recipe.gdro.lab.sim.methods`), the direct tiny-LM loop and the study read the same files
 through this module, so a method means the same ``gdro:`` settings everywhere (for example
 ``binner.hysteresis: 0.03`` for Prompt-GDRO and joint GDRO). A *variant* of a method is that method
 plus ``gdro.*`` overrides, written ``NAME:KEY=VALUE[:KEY=VALUE...]`` (for example

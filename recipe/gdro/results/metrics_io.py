@@ -1,6 +1,6 @@
 """The per-step GDRO metrics file: one JSON object per line.
 
-Format (read by ``python -m recipe.gdro.results.plot RUN_METRICS.jsonl --out DIR``)::
+Format (read by ``python -m recipe.gdro.lab.results.plot RUN_METRICS.jsonl --out DIR``)::
 
     {"step": 7, "gdro/mu": 0.0123, "gdro/bin_03/data_share": 0.25, "gdro/binner/unseen_in_batch": null, ...}
 
@@ -36,6 +36,7 @@ import errno
 import json
 import math
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 VAL_STEP_KEY = "val_step"  # the step key of a validation line
+# verl's core validation figure of a data source (trainer_base._val_metrics_update): acc when the reward
+# reports it, else reward; k = the most responses per prompt (val_kwargs.n)
+_CORE_KEY = re.compile(r"^val-core/(?P<source>[^/]+)/(?P<var>acc|reward)/mean@(?P<k>\d+)$")
 
 
 def _json_value(key: str, value: Any) -> Any:
@@ -286,6 +290,33 @@ def validation_pass_at_k(
         result[f"gdro/val/{source}/prompts"] = float(len(groups))
         result[f"gdro/val/{source}/acc/pass@{k}"] = float(sum(values) / len(values))
     return result
+
+
+def validation_by_source(record: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """``{source: (value, metric)}`` of one validation line: verl's ``val-core/<source>/acc/mean@k``
+    (largest k; ``reward/mean@k`` for a source without ``acc``), ``metric`` naming which (``acc/mean@8``)."""
+    found: dict[str, tuple[int, int, float, str]] = {}
+    for key, value in record.items():
+        m = _CORE_KEY.match(key)
+        if m is None or not isinstance(value, (int, float)) or math.isnan(value):
+            continue
+        rank = (int(m["var"] == "acc"), int(m["k"]))
+        if m["source"] not in found or rank > found[m["source"]][:2]:
+            found[m["source"]] = (*rank, float(value), f"{m['var']}/mean@{m['k']}")
+    return {source: (v, metric) for source, (_, _, v, metric) in sorted(found.items())}
+
+
+def pooled_accuracy(record: dict[str, Any]) -> float | None:
+    """The sources' figures of one validation line weighted by their prompt counts (the fraction of all
+    validation prompts answered correctly), or None when a source has no prompt count."""
+    total = weighted = 0.0
+    for source, (value, _) in validation_by_source(record).items():
+        prompts = record.get(f"gdro/val/{source}/prompts")
+        if not isinstance(prompts, (int, float)) or math.isnan(prompts) or prompts <= 0:
+            return None
+        total += prompts
+        weighted += prompts * value
+    return weighted / total if total else None
 
 
 def rewind_metrics_jsonl(path: str | os.PathLike, last_step: int) -> int:

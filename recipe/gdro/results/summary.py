@@ -6,14 +6,14 @@ last lines::
     [gdro] run summary: gdro/tiny_joint_gdro, step 10 of 10
       validation   step 10 (acc/mean@1): arith_add2 0.625, arith_mul1x2 0.125, ...; all prompts 0.406
       checkpoints  /path/gdro/tiny_joint_gdro (newest complete: global_step_10)
-      metrics      /path/gdro/tiny_joint_gdro/gdro_metrics.jsonl (side by side: python -m recipe.gdro.results.compare)
+      metrics      /path/gdro/tiny_joint_gdro/gdro_metrics.jsonl (side by side: python -m recipe.gdro.lab.results.compare)
       resume       /path/python -m recipe.gdro.main_gdro ... trainer.total_training_steps=20
 
 from the run's own files: the last validation line and the last training step of its metrics file
 (``gdro.metrics_file`` in ``trainer.default_local_dir``), the newest complete checkpoint there. Before the
 run, :func:`before_training` has an interrupt (Ctrl-C, SIGTERM) end on the same facts: the last complete
 checkpoint and the relaunch that resumes from it, as the lost-node line does.
-"""
+"""  # noqa: E501 - the example line above is the summary as printed
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import warnings
 
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.results.compare import pooled_accuracy, validation_by_source
+from recipe.gdro.results.metrics_io import pooled_accuracy, validation_by_source
 
 STEPS_KEY = "trainer.total_training_steps"
 
@@ -98,7 +98,7 @@ def run_summary_lines(config: DictConfig) -> list[str]:
         saved += f" (trainer.save_freq={OmegaConf.select(config, 'trainer.save_freq')})"
     lines.append(f"  checkpoints  {root} ({saved})")
     if path:
-        lines.append(f"  metrics      {path} (side by side: python -m recipe.gdro.results.compare)")
+        lines.append(f"  metrics      {path} (side by side: python -m recipe.gdro.lab.results.compare)")
     else:
         lines.append("  metrics      none (gdro.metrics_file is empty)")
     if newest:

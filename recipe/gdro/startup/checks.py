@@ -44,6 +44,8 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from recipe.gdro.startup.environment import check_environment
+from recipe.gdro.startup.errors import GDRORecipeError
 from recipe.gdro.startup.recipe_config import RecipeConfig, recipe_config_from_dict, split_gdro_section
 from verl_ext import (
     GDROConfig,
@@ -54,11 +56,12 @@ from verl_ext import (
     gdro_config_to_dict,
 )
 from verl_ext.atomic import blocking_file as _blocking_file
+from verl_ext.config import Range
 
 SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
 # verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
 # "gdro_sync", the recipe's default trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it
-# runs (recipe.gdro.backends.cpu). Every other key is verl's own trainer.
+# runs (recipe.gdro.lab.backends.cpu). Every other key is verl's own trainer.
 GDRO_TRAINER_MODE = "gdro_sync"
 CPU_MODE_SUFFIX = "_cpu"
 
@@ -79,10 +82,6 @@ def verl_mode_section(config: DictConfig):
     return mode, config.trainer.v1.get(mode, None) or {}
 
 
-class GDRORecipeError(ValueError):
-    """A setting the GDRO recipe refuses at start-up. The message names the key(s) at fault."""
-
-
 def startup_warning(message: str) -> None:
     """One line on stderr for what the start-up checks let through but the user should know."""
     print(f"[gdro] warning: {message}", file=sys.stderr, flush=True)
@@ -100,18 +99,15 @@ class VerlKey:
 
     key: str
     kind: type  # int, float or bool
-    low: Optional[float] = None  # inclusive unless low_open
-    high: Optional[float] = None  # inclusive
-    low_open: bool = False
+    range: Range | None = None  # verl_ext's Range, the GDRO config's and the scenario's vocabulary
     nullable: bool = False
     also: tuple = ()  # other accepted values (e.g. -1 = never)
 
     def describe(self) -> str:
         want = {int: "an integer", float: "a number", bool: "true or false"}[self.kind]
-        if self.low is not None and self.high is not None:
-            want += f" in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
-        elif self.low is not None:
-            want += f" {'>' if self.low_open else '>='} {self.low:g}"
+        if self.range is not None:
+            two_sided = self.range.lo is not None and self.range.hi is not None
+            want += f" {'in ' if two_sided else ''}{self.range.text()}"
         extra = [repr(v) for v in self.also] + (["null"] if self.nullable else [])
         return want + (f" (or {' / '.join(extra)})" if extra else "")
 
@@ -126,39 +122,35 @@ class VerlKey:
             return False
         if self.kind is int and not isinstance(value, int):
             return False
-        if not math.isfinite(value):
-            return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or value <= self.high
+        return (self.range or Range()).violation(value) is None
 
 
-_POS_INT = {"kind": int, "low": 1}
+_POS_INT = {"kind": int, "range": Range(lo=1, integer=True)}
 VERL_KEYS: tuple[VerlKey, ...] = (
     VerlKey("data.train_batch_size", **_POS_INT),
     VerlKey("data.gen_batch_size", **_POS_INT, nullable=True),
     VerlKey("data.max_prompt_length", **_POS_INT),
     VerlKey("data.max_response_length", **_POS_INT),
     VerlKey("actor_rollout_ref.rollout.n", **_POS_INT),
-    VerlKey("actor_rollout_ref.actor.optim.lr", float, low=0),  # 0: a run that only evaluates or resaves
-    VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, low=0),
-    VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, low=0, high=1),
+    VerlKey("actor_rollout_ref.actor.optim.lr", float, Range(lo=0)),  # 0: a run that only evaluates or resaves
+    VerlKey("actor_rollout_ref.actor.optim.weight_decay", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", float, Range(0, 1)),
     VerlKey("actor_rollout_ref.actor.ppo_mini_batch_size", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.ppo_epochs", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
     VerlKey("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", **_POS_INT),
     VerlKey("actor_rollout_ref.actor.use_dynamic_bsz", bool),
     VerlKey("actor_rollout_ref.actor.use_kl_loss", bool),
-    VerlKey("actor_rollout_ref.actor.kl_loss_coef", float, low=0),
-    VerlKey("actor_rollout_ref.actor.clip_ratio_low", float, low=0),
-    VerlKey("actor_rollout_ref.actor.clip_ratio_high", float, low=0),
+    VerlKey("actor_rollout_ref.actor.kl_loss_coef", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_low", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.actor.clip_ratio_high", float, Range(lo=0)),
     VerlKey("actor_rollout_ref.actor.fsdp_config.param_offload", bool),
     VerlKey("actor_rollout_ref.actor.fsdp_config.optimizer_offload", bool),
     VerlKey("actor_rollout_ref.ref.fsdp_config.param_offload", bool),
-    VerlKey("actor_rollout_ref.rollout.gpu_memory_utilization", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.gpu_memory_utilization", float, Range(0, 1, lo_open=True)),
     VerlKey("actor_rollout_ref.rollout.tensor_model_parallel_size", **_POS_INT),
-    VerlKey("actor_rollout_ref.rollout.temperature", float, low=0),
-    VerlKey("actor_rollout_ref.rollout.top_p", float, low=0, high=1, low_open=True),
+    VerlKey("actor_rollout_ref.rollout.temperature", float, Range(lo=0)),
+    VerlKey("actor_rollout_ref.rollout.top_p", float, Range(0, 1, lo_open=True)),
     VerlKey("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", bool),
     VerlKey("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", **_POS_INT, nullable=True),
     VerlKey("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", **_POS_INT),
@@ -1267,8 +1259,6 @@ def prepare(
     on another machine cannot make: a writable checkpoint folder, a local model folder that holds a
     model, a running Ray cluster for several nodes.
     """
-    from recipe.gdro.startup.environment import check_environment  # (imports this module)
-
     check_environment()
     check_verl_keys(config)
     check_required_keys(config)

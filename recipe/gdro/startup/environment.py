@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from recipe.gdro.startup.checks import GDRORecipeError
+from recipe.gdro.startup.errors import GDRORecipeError
 
 WEIGHT_SYNC_TIMEOUT_ENV = "GDRO_WEIGHT_SYNC_TIMEOUT"
 WEIGHT_SYNC_TIMEOUT_DEFAULT = 900.0
@@ -27,6 +27,9 @@ VERL_FILE_LOGGER_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
 # TransferQueue's send/recv timeout in seconds (its default 200), forwarded to the run's workers
 # (startup.cluster.FORWARDED_ENV); TransferQueue parses it with int() at import, inside Ray.
 TQ_TIMEOUT_ENV = "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT"
+# The shims of verl's CPU platform plugin (recipe/gdro/backends/cpu_platform.py, whose SHIMS are these
+# functions: it imports this name) that GDRO_CPU_PLATFORM_SKIP_SHIMS may leave out.
+CPU_PLATFORM_SHIMS = ("shim_process_group_backend", "shim_cpu_offload_pin_memory", "shim_vllm_cpu_weight_loader")
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 
@@ -79,10 +82,7 @@ def _check_cpu_platform(environ: Mapping[str, str]) -> None:
     raw = environ.get(SKIP_SHIMS_ENV, "")
     names = {n.strip() for n in raw.split(",") if n.strip()}
     if names:
-        # Imported only when the variable is set: the module is light (no verl, no torch at import).
-        from recipe.gdro.backends.cpu_platform import SHIMS
-
-        known = sorted(shim.__name__ for shim in SHIMS)
+        known = sorted(CPU_PLATFORM_SHIMS)
         unknown = sorted(names - set(known))
         if unknown:
             raise GDRORecipeError(f"{SKIP_SHIMS_ENV}={raw!r} names no shim: {unknown}; the shims: {known}")

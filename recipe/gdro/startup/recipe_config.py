@@ -31,7 +31,7 @@ class DryRun(Choice):
 
 class Backend(Choice):
     """``gdro.backend``: ``verl`` (verl's GPU workers and rollout servers) or ``cpu`` (the tiny LM's
-    in-process CPU stand-ins, recipe/gdro/backends, docs/cpu_backend.md)."""
+    in-process CPU stand-ins, recipe/gdro/lab/backends, docs/cpu_backend.md)."""
 
     verl = "verl"
     cpu = "cpu"

@@ -34,7 +34,7 @@ from typing import Any, Optional
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from recipe.gdro.startup.checks import GDRORecipeError
+from recipe.gdro.startup.errors import GDRORecipeError
 from verl_ext import GDROConfig, gdro_config_to_dict
 
 RESTART_CONTROLLER_KEY = "gdro.restart_controller"

@@ -32,7 +32,12 @@ def segments(folder: Path) -> set[str]:
 
 
 def mapped_segments(folder: Path) -> set[str]:
-    """Names of the segments under ``folder`` that some readable process maps (``/proc/<pid>/maps``)."""
+    """Names of the segments under ``folder`` that some readable process maps (``/proc/<pid>/maps``).
+
+    Not ``psutil.Process.memory_maps``: it reads ``/proc/<pid>/smaps`` (per-mapping RSS and swap), 25x
+    slower here (1.32 s against 0.053 s over 115 processes, timed with both on ``/dev/shm``), and
+    :meth:`ShmLeftovers.remove` repeats this walk every 0.5 s while it waits.
+    """
     mapped: set[str] = set()
     prefix = f"{folder}/"
     for pid in os.listdir("/proc"):

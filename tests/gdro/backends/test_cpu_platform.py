@@ -190,7 +190,7 @@ def test_padded_base_is_the_same_function(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from recipe.gdro.backends.cpu_platform_model import (
+    from recipe.gdro.lab.backends.cpu_platform_model import (
         VLLM_CPU_HEAD_SIZES,
         head_dim,
         pad_heads,

@@ -89,3 +89,11 @@ def test_a_symlink_loop_in_the_data_path_is_named(tmp_path):
     config = compose_config([f"data.train_files=['{tmp_path}/absent/train.parquet']", "data.val_files=[]"])
     with pytest.raises(GDRORecipeError, match="missing data file"):
         check_dry_run_data(config, config_only=False)
+
+
+def test_the_shim_names_checked_before_ray_are_the_cpu_platform_plugins_shims():
+    """environment.py names the shims (it may not import the plugin module above it): the two lists agree."""
+    from recipe.gdro.backends import cpu_platform
+    from recipe.gdro.startup import environment
+
+    assert tuple(shim.__name__ for shim in cpu_platform.SHIMS) == environment.CPU_PLATFORM_SHIMS

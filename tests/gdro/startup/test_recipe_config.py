@@ -347,7 +347,7 @@ def test_project_reward_fn_reports_acc(tmp_path):
 
 # ----------------------------------------------------------------------------------- trainer helpers
 def test_trajectory_key_and_acc_parsing():
-    from recipe.gdro.trainer import _MISSING, _acc_value, split_trajectory_key
+    from recipe.gdro.trainer_step import _MISSING, _acc_value, split_trajectory_key
 
     assert split_trajectory_key("3f2a-9c_12_0") == ("3f2a-9c", "12", 0)
     with pytest.raises(ValueError):
