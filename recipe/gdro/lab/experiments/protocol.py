@@ -40,19 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import pydantic
 import yaml
 from annotated_types import MinLen
-from pydantic import (
-    ConfigDict,
-    PlainValidator,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    TypeAdapter,
-    ValidationError,
-    with_config,
-)
+from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, with_config
 from pydantic_core import PydanticCustomError
 
 from recipe.gdro.config.registry import method_names
@@ -87,7 +78,7 @@ def _range(**bounds: Any) -> dict[str, Any]:
     return {"range": Range(**bounds)}
 
 
-def _custom(check: typing.Callable[[Any], Any]) -> PlainValidator:
+def _custom(check: typing.Callable[[Any], Any]) -> pydantic.PlainValidator:
     """A pydantic validator from ``check``, which returns the value or raises ValueError(why)."""
 
     def validate(value: Any) -> Any:
@@ -96,7 +87,7 @@ def _custom(check: typing.Callable[[Any], Any]) -> PlainValidator:
         except ValueError as e:
             raise PydanticCustomError("protocol", str(e)) from None
 
-    return PlainValidator(validate)
+    return pydantic.PlainValidator(validate)
 
 
 def _yaml_number(value: Any) -> float:
@@ -120,7 +111,8 @@ def _lr_scale(value: Any) -> float | str:
     raise ValueError(f"must be a number >= 0 or {MASS_SCALE}")
 
 
-NonEmpty = Annotated[list, MinLen(1)]
+# a number, or a string PyYAML (YAML 1.1) left unread, as it does 5e-5
+YamlNumber = Annotated[float, _custom(_yaml_number)]
 Seeds = list[StrictInt]
 SEED = _range(lo=0, integer=True)  # every seed role's metadata
 PROBABILITY = _range(lo=0, hi=1, lo_open=True, hi_open=True)  # alpha, power, a confidence
@@ -239,9 +231,7 @@ class ReferenceShape:
 @dataclass
 class TuningSpec:
     seeds: Annotated[Seeds, MinLen(1)] = field(metadata=SEED)
-    lr_grid: Annotated[list[Annotated[float, _custom(_yaml_number)]], MinLen(1)] = field(
-        metadata=_range(lo=0, lo_open=True)
-    )
+    lr_grid: Annotated[list[YamlNumber], MinLen(1)] = field(metadata=_range(lo=0, lo_open=True))
     methods: Annotated[list[StrictStr], MinLen(1)]
     power_seeds: Seeds = field(default_factory=list, metadata=SEED)
     extend: StrictInt = field(default=0, metadata=_range(lo=0, integer=True))  # grid extensions per side
@@ -363,16 +353,16 @@ def _fail(path: Path | str, key: str, msg: str) -> None:
 
 
 @functools.cache
-def _adapter(schema: type) -> TypeAdapter:
-    return TypeAdapter(schema)
+def _adapter(schema: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(schema)
 
 
-def _typed(path: Path, schema: type, data: Any, at: tuple[Any, ...] = ()) -> Any:
+def typed_parse(path: Path, schema: type, data: Any, at: tuple[Any, ...] = ()) -> Any:
     """``data`` validated as ``schema`` (one of the dataclasses above), or pydantic's first error as one
     :class:`ProtocolError` line (``at``: where ``data`` sits in the file); then every field's range."""
     try:
         spec = _adapter(schema).validate_python(data)
-    except ValidationError as e:
+    except pydantic.ValidationError as e:
         error = e.errors()[0]
         kind, loc = error["type"], tuple(error["loc"])
         key, value = error_key(at + loc), value_at(data, loc)
@@ -386,6 +376,13 @@ def _typed(path: Path, schema: type, data: Any, at: tuple[Any, ...] = ()) -> Any
             _fail(path, key, f"unknown key{hint}; the keys under {where}: {', '.join(names)}")
         if kind in ("dataclass_type", "dataclass_exact_type", "dict_type"):
             _fail(path, key or "the file", f"{value!r} must be a mapping")
+        if kind in ("too_short", "too_long") and error["ctx"].get("min_length", 0) != 1:
+            bound = (
+                f"at least {error['ctx']['min_length']}"
+                if kind == "too_short"
+                else f"at most {error['ctx']['max_length']}"
+            )
+            _fail(path, key, f"{value!r} must hold {bound} items")
         if kind in TYPE_WANTED:
             _fail(path, key, f"{value!r} must be {TYPE_WANTED[kind]}")
         _fail(
@@ -409,10 +406,10 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
         raise ProtocolError(f"{path}: not YAML: {e}") from None
     if not isinstance(data, dict):
         raise ProtocolError(f"{path}: a protocol is a mapping of sections")
-    spec: ProtocolSpec = _typed(path, ProtocolSpec, data)
-    shape = _typed(path, shape_schema(), data["shape"], ("shape",))
+    spec: ProtocolSpec = typed_parse(path, ProtocolSpec, data)
+    shape = typed_parse(path, shape_schema(), data["shape"], ("shape",))
     for name, regime in spec.long.regimes.items():
-        _typed(path, shape_schema(), regime, ("long", "regimes", name))
+        typed_parse(path, shape_schema(), regime, ("long", "regimes", name))
     _check_design(path, spec, shape, set(data["primary"].get("power") or {}))
     data["tuning"]["lr_grid"] = list(spec.tuning.lr_grid)  # as numbers (YAML 1.1 reads 5e-5 as a string)
     return Protocol(str(path), hashlib.sha256(raw).hexdigest(), data)

@@ -351,7 +351,8 @@ def test_v2_design_keys_are_checked(tmp_path):
     with pytest.raises(ProtocolError, match="seed 100 is also in tuning.seeds"):
         load_protocol(_protocol(tmp_path, tuning={**tuning, "power_seeds": [100]}))
     arms = [{"name": "x", "method": "rollout_gdro", "lr_scale": "grpo_mass"}]
-    with pytest.raises(ProtocolError, match=r"explore.arms\[0\].lr_scale: 'grpo_mass' must be a number >= 0 or reference_mass"):
+    bad_scale = r"explore.arms\[0\].lr_scale: 'grpo_mass' must be a number >= 0 or reference_mass"
+    with pytest.raises(ProtocolError, match=bad_scale):
         load_protocol(_protocol(tmp_path, explore={"seeds": [200], "arms": arms}))
     shipped = load_protocol()  # the current protocol, tiny_lm_v2
     assert shipped.data["name"] == "tiny_lm_v2" and shipped.results == "results/tiny_lm_study_v2"
