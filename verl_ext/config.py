@@ -739,6 +739,7 @@ TYPE_WANTED = {
     "string_type": "a string",
     "list_type": "a list",
     "too_short": "a non-empty list",
+    "string_too_short": "a non-empty string",
     "dict_type": "a mapping",
 }
 

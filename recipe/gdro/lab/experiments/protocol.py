@@ -365,6 +365,9 @@ def typed_parse(path: Path, schema: type, data: Any, at: tuple[Any, ...] = ()) -
     except pydantic.ValidationError as e:
         error = e.errors()[0]
         kind, loc = error["type"], tuple(error["loc"])
+        if kind == "invalid_key" or loc[-1:] == ("[key]",):  # a mapping's key that is not a string
+            where = error_key(at + loc[: -1 if kind == "invalid_key" else -2]) or "the top level"
+            _fail(path, where, f"key {error['input']!r} must be a string")
         key, value = error_key(at + loc), value_at(data, loc)
         if kind in ("missing", "missing_argument"):
             _fail(path, key, "missing (a required key)")
