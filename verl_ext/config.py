@@ -20,8 +20,9 @@ import enum
 import functools
 import itertools
 import math
+import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,8 +131,9 @@ def _fail(field_name: str, value: Any, why: str) -> None:
 
 @dataclass(frozen=True)
 class Range:
-    """A field's allowed values, kept in its metadata (``"range"``): the check ``__post_init__`` runs
-    and the text ``--help``, the YAML and the README show come from this one object."""
+    """A field's allowed values, kept in its metadata (``"range"``): the check (:func:`range_violation`, run by
+    ``__post_init__`` here, after the typed parse in the scenario and the protocol) and the text ``--help``, the
+    YAML and the README show come from this one object."""
 
     lo: float | None = None
     hi: float | None = None
@@ -161,19 +163,12 @@ class Range:
             return f"must lie in {self.text()}"
         return f"must be {'an integer' if self.integer else 'a finite number'} {self.text()}"
 
-    def check(self, name: str, value: Any) -> None:
-        """:class:`GDROConfigError` naming ``gdro.<name>`` unless ``value`` is in range."""
-        why = self.violation(value)
-        if why:
-            _fail(name, value, why)
-
 
 def _check_ranges(config: Any, section: str) -> None:
     """Run every field's ``range`` metadata check (a ``None`` value is the field's "unset")."""
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if "range" in f.metadata and value is not None:
-            f.metadata["range"].check(f"{section}.{f.name}", value)
+    bad = range_violation(config, section)
+    if bad:
+        _fail(*bad)
 
 
 def _choice(field_name: str, cls: type[Choice], value: Any) -> Choice:
@@ -734,10 +729,27 @@ class GDROConfig:
         return self.enabled or self.observe
 
 
-_WANT = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
+# ------------------------------------------------------------------ pydantic errors and ranges as one line
+# Shared by every typed config the project reads (this GDRO config, the simulator's scenario, the study's
+# protocol): each formats its own one-line error from these pieces.
+TYPE_WANTED = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "too_short": "a non-empty list",
+    "string_too_short": "a non-empty string",
+    "dict_type": "a mapping",
+}
 
 
-def _at(data: Any, loc: tuple[Any, ...]) -> Any:
+def error_key(loc: Iterable[Any]) -> str:
+    """``skills[0].difficulty.std`` from pydantic's error location ``("skills", 0, "difficulty", "std")``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
+def value_at(data: Any, loc: Iterable[Any]) -> Any:
     """The input value at pydantic's error location ``loc`` (or ``None`` when it is missing)."""
     for part in loc:
         try:
@@ -747,12 +759,58 @@ def _at(data: Any, loc: tuple[Any, ...]) -> Any:
     return data
 
 
-def _fields_at(loc: tuple[Any, ...]) -> list[str]:
-    """Field names of the dataclass that holds the key at ``loc`` (for did-you-mean)."""
-    cls: Any = GDROConfig
+def _bare(annotation: Any) -> Any:
+    """``X`` from ``Annotated[X, ...]`` and ``Optional[X]`` (a union of several types stays as it is)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _bare(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _bare(args[0]) if len(args) == 1 else annotation
+    return annotation
+
+
+def fields_at(root: type, loc: Sequence[Any]) -> list[str]:
+    """Field names of the dataclass that holds the key at ``loc`` under ``root`` (for did-you-mean),
+    through nested dataclasses, lists (``[i]``) and mappings (``.name``) of them."""
+    cls: Any = root
     for part in loc[:-1]:
-        cls = typing.get_type_hints(cls).get(part)
-    return [f.name for f in dataclasses.fields(cls)]
+        cls = _bare(cls)
+        if dataclasses.is_dataclass(cls):
+            cls = typing.get_type_hints(cls, include_extras=True).get(part)
+        elif typing.get_origin(cls) in (list, tuple, dict):
+            cls = typing.get_args(cls)[-1] if typing.get_args(cls) else None
+    cls = _bare(cls)
+    return [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+
+
+def set_fields(obj: Any, path: str = "") -> Iterator[tuple[str, Mapping[str, Any], Any]]:
+    """``(key, field metadata, value)`` of every set (not ``None``) value of the dataclass ``obj``, recursively:
+    nested dataclasses, and the items of lists (``key[i]``) and mappings (``key.name``), which share their
+    field's metadata (so a ``range`` on ``lr_grid: list[float]`` bounds each lr)."""
+    for f in dataclasses.fields(obj):
+        key = f"{path}.{f.name}" if path else f.name
+        value = getattr(obj, f.name)
+        items = (
+            [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+            if isinstance(value, (list, tuple))
+            else [(f"{key}.{k}", v) for k, v in value.items()]
+            if isinstance(value, dict)
+            else [(key, value)]
+        )
+        for item_key, item in items:
+            if dataclasses.is_dataclass(item):
+                yield from set_fields(item, item_key)
+            elif item is not None:
+                yield item_key, f.metadata, item
+
+
+def range_violation(obj: Any, path: str = "") -> tuple[str, Any, str] | None:
+    """The first number of ``obj`` (:func:`set_fields`) outside its field's ``range``: ``(key, value, why)``."""
+    for key, metadata, value in set_fields(obj, path):
+        why = metadata["range"].violation(value) if "range" in metadata else None
+        if why:
+            return key, value, why
+    return None
 
 
 def _config_error(error: Mapping[str, Any], data: Any) -> GDROConfigError:
@@ -762,18 +820,18 @@ def _config_error(error: Mapping[str, Any], data: Any) -> GDROConfigError:
         return error["ctx"]["error"]  # a dataclass's own __post_init__ check: its message as it is
     keys = tuple(itertools.takewhile(lambda part: isinstance(part, str), loc))  # list indices dropped
     path = ".".join(("gdro", *keys))
-    value = _at(data, keys)
+    value = value_at(data, keys)
     if kind == "unexpected_keyword_argument":
-        valid = _fields_at(keys)
+        valid = fields_at(GDROConfig, keys)
         close = difflib.get_close_matches(keys[-1], valid, n=1)
         hint = f"; did you mean {close[0]}?" if close else ""
         where = ".".join(("gdro", *keys[:-1]))
         listed = ", ".join(valid)
         return GDROConfigError(f"gdro config: unknown key(s) {path}{hint} (valid keys under {where}: {listed})")
-    if kind in _WANT:
+    if kind in ("int_type", "float_type", "bool_type"):
         strings = value if isinstance(value, (list, tuple)) else [value]
         why = ", not a string" if any(isinstance(v, str) for v in strings) else ""
-        return GDROConfigError(f"gdro config: {path}={value!r} must be {_WANT[kind]}{why}")
+        return GDROConfigError(f"gdro config: {path}={value!r} must be {TYPE_WANTED[kind]}{why}")
     if kind == "list_type":
         return GDROConfigError(f"gdro config: {path}={value!r} must be a list of numbers")
     if kind in ("dataclass_type", "dict_type"):

@@ -41,12 +41,15 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Annotated, Any, Mapping, Optional, Sequence
 
 import numpy as np
+from annotated_types import MaxLen, MinLen
+from pydantic import ConfigDict, StrictInt, StrictStr, with_config
 
+from recipe.gdro.lab.experiments.protocol import YamlNumber, typed_parse
 from recipe.gdro.lab.results.runner import choose_lr
 from recipe.gdro.lab.results.stats import paired_ci
 from recipe.gdro.lab.results.table import markdown_row, markdown_table
@@ -55,6 +58,7 @@ from recipe.gdro.lab.sim.methods import TUNED_LR_COLUMNS, TUNED_LR_FILE, check_m
 from recipe.gdro.lab.sim.scenario import Scenario, ScenarioError, load_scenario, shipped_scenarios
 from recipe.gdro.lab.sim.simulate import SYNTHETIC_NOTE, _pct, run_experiment
 from verl_ext import GDROConfigError
+from verl_ext.config import Range
 
 SWEEP_PLAN = Path(__file__).resolve().parent / "protocols" / "sim_sweep.yaml"
 
@@ -80,26 +84,60 @@ class SweepPlan:
         return ("scenario", "method", *(f"lr ×{g:g}" for g in self.lr_grid + self.grpo_extra), "best")
 
 
+@with_config(ConfigDict(extra="forbid"))
+@dataclass
+class VariantRow:
+    """A row of the defaults study: one option changed (``variant``), at the tuned lr of ``lr_of``."""
+
+    question: StrictStr
+    variant: StrictStr
+    lr_of: StrictStr
+    label: StrictStr
+
+
+Pair = Annotated[list[StrictStr], MinLen(2), MaxLen(2)]  # (method or variant, label)
+
+
+@with_config(ConfigDict(extra="forbid"))
+@dataclass
+class SweepPlanSpec:
+    """``protocols/sim_sweep.yaml`` as written, typed as the study's protocol is (protocol.typed_parse)."""
+
+    lr_grid: Annotated[list[YamlNumber], MinLen(1)] = field(metadata={"range": Range(lo=0, lo_open=True)})
+    tune_seed0: StrictInt = field(metadata={"range": Range(lo=0, integer=True)})
+    question_default: dict[str, Pair]
+    allocator_rows: list[Pair]
+    grpo_extra: list[YamlNumber] = field(default_factory=list, metadata={"range": Range(lo=0, lo_open=True)})
+    extra_tuned: list[StrictStr] = field(default_factory=list)
+    defaults: list[VariantRow] = field(default_factory=list)
+    defaults_full: list[VariantRow] = field(default_factory=list)
+
+
 def load_plan(path: str | os.PathLike = SWEEP_PLAN) -> SweepPlan:
-    """Read and check the sweep's plan: every method and variant must be a registry method."""
+    """Read and check the sweep's plan: the typed parse (:class:`SweepPlanSpec`), then every method and
+    variant must be a registry method. ValueError in one line naming the file and the key."""
     import yaml
 
     with open(path, encoding="utf-8") as f:
-        d = yaml.safe_load(f)
-    rows = lambda key: tuple((r["question"], r["variant"], r["lr_of"], r["label"]) for r in d.get(key, []))  # noqa: E731
-    plan = SweepPlan(
-        lr_grid=tuple(float(g) for g in d["lr_grid"]),
-        grpo_extra=tuple(float(g) for g in d.get("grpo_extra", [])),
-        tune_seed0=int(d["tune_seed0"]),
-        extra_tuned=tuple(d.get("extra_tuned", [])),
-        defaults=rows("defaults"),
-        defaults_full=rows("defaults_full"),
-        question_default={q: (m, label) for q, (m, label) in d["question_default"].items()},
-        allocator_rows=tuple((m, label) for m, label in d["allocator_rows"]),
-    )
-    for spec in [*plan.extra_tuned, *(v for r in plan.defaults + plan.defaults_full for v in r[1:3])]:
         try:
-            check_method(spec)
+            d = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not YAML: {e}") from None
+    spec: SweepPlanSpec = typed_parse(Path(path), SweepPlanSpec, d)
+    rows = lambda rs: tuple((r.question, r.variant, r.lr_of, r.label) for r in rs)  # noqa: E731
+    plan = SweepPlan(
+        lr_grid=tuple(spec.lr_grid),
+        grpo_extra=tuple(spec.grpo_extra),
+        tune_seed0=spec.tune_seed0,
+        extra_tuned=tuple(spec.extra_tuned),
+        defaults=rows(spec.defaults),
+        defaults_full=rows(spec.defaults_full),
+        question_default={q: (m, label) for q, (m, label) in spec.question_default.items()},
+        allocator_rows=tuple((m, label) for m, label in spec.allocator_rows),
+    )
+    for spec_name in [*plan.extra_tuned, *(v for r in plan.defaults + plan.defaults_full for v in r[1:3])]:
+        try:
+            check_method(spec_name)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
     return plan

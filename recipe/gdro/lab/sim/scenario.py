@@ -56,7 +56,6 @@ import dataclasses
 import difflib
 import os
 import re
-import typing
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Optional
 
@@ -73,7 +72,7 @@ from pydantic import (
     with_config,
 )
 
-from verl_ext.config import Range
+from verl_ext.config import TYPE_WANTED, Range, error_key, fields_at, set_fields, value_at
 
 SCENARIO_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios")
 DEFAULT_SCENARIO = "dapo_like"
@@ -264,39 +263,18 @@ class Scenario:
 
 # ---------------------------------------------------------------------------------- validation
 _GDRO_ENABLE_KEYS = {("prompt", "enable"), ("rollout", "enable")}
-_WANT = {
-    "int_type": "an integer",
-    "float_type": "a finite number",
-    "bool_type": "true or false",
-    "string_type": "a string",
-    "list_type": "a non-empty list",
-    "too_short": "a non-empty list",
-    "dict_type": "a mapping",
-}
 _SPEC = TypeAdapter(ScenarioSpec)  # numbers, booleans, strings strict; unknown keys forbidden (with_config)
-
-
-def _key(loc: tuple[Any, ...]) -> str:
-    """``skills[0].difficulty.std`` from pydantic's ``("skills", 0, "difficulty", "std")``."""
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
 def _shape_error(src: str, error: Any, data: Any) -> ScenarioError:
     """pydantic's first error as one line naming the file, the key (full path) and the value."""
     kind, loc = error["type"], tuple(error["loc"])
-    key = _key(loc)
-    value = data
-    for part in loc:
-        value = value.get(part) if isinstance(value, dict) else value[part] if isinstance(value, list) else None
+    key, value = error_key(loc), value_at(data, loc)
     if kind == "missing":
         return ScenarioError(f"scenario {src!r}: missing required key(s) {key}")
     if kind == "unexpected_keyword_argument":
-        cls: Any = ScenarioSpec
-        for part in loc[:-1]:
-            if not isinstance(part, int):
-                cls = _unwrap(typing.get_type_hints(cls)[part])
-        names = [f.name for f in dataclasses.fields(cls)]
-        where = _key(loc[:-1])
+        names = fields_at(ScenarioSpec, loc)
+        where = error_key(loc[:-1])
         pre = f"{where}." if where else ""
         close = difflib.get_close_matches(str(loc[-1]), names, n=1)
         hint = f" (did you mean {pre}{close[0]}?)" if close else ""
@@ -306,33 +284,15 @@ def _shape_error(src: str, error: Any, data: Any) -> ScenarioError:
         )
     if kind in ("dataclass_type", "dataclass_exact_type"):
         return ScenarioError(f"scenario {src!r}: {key or 'top level'} must be a mapping, got {type(value).__name__}")
-    return ScenarioError(f"scenario {src!r}: {key}={value!r} must be {_WANT.get(kind, error['msg'])}")
+    return ScenarioError(f"scenario {src!r}: {key}={value!r} must be {TYPE_WANTED.get(kind, error['msg'])}")
 
 
-def _unwrap(annotation: Any) -> Any:
-    """The dataclass behind ``X``, ``Optional[X]``, ``list[X]`` (``Annotated`` already stripped)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return _unwrap(args[0]) if args else annotation
-
-
-def _check_ranges(src: str, obj: Any, path: str = "") -> None:
+def _check_ranges(src: str, spec: ScenarioSpec) -> None:
     """Every field's ``range`` (:class:`~verl_ext.config.Range`) and ``pattern`` metadata, recursively."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        key = f"{path}.{f.name}" if path else f.name
-        if dataclasses.is_dataclass(value):
-            _check_ranges(src, value, key)
-            continue
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                if dataclasses.is_dataclass(item):
-                    _check_ranges(src, item, f"{key}[{i}]")
-            continue
-        if value is None:
-            continue
-        if "name_pattern" in f.metadata and not f.metadata["name_pattern"].match(value):
-            raise ScenarioError(f"scenario {src!r}: {key}={value!r} must match {f.metadata['why']}")
-        why = f.metadata["range"].violation(value) if "range" in f.metadata else None
+    for key, metadata, value in set_fields(spec):
+        if "name_pattern" in metadata and not metadata["name_pattern"].match(value):
+            raise ScenarioError(f"scenario {src!r}: {key}={value!r} must match {metadata['why']}")
+        why = metadata["range"].violation(value) if "range" in metadata else None
         if why:
             raise ScenarioError(f"scenario {src!r}: {key}={value!r} {why}")
 

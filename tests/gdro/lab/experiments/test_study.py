@@ -4,6 +4,7 @@ and the whole harness end to end on a smoke protocol."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -145,6 +146,49 @@ def test_lrs_written_without_a_dot_are_numbers(tmp_path):
     path = _protocol(tmp_path, tuning={**tuning, "lr_grid": ["fast"]})
     with pytest.raises(ProtocolError, match=r"tuning.lr_grid\[0\]: 'fast' is not a number"):
         load_protocol(path)
+
+
+def test_the_typed_schema_refuses_unknown_keys_wrong_types_and_out_of_range_values(tmp_path):
+    """Issue 43 item 4: the protocol is a typed schema (pydantic, as the GDRO config and the scenario are):
+    a misspelt key, a string for a number or a value out of its Range is one line naming the key (full
+    path) and the value; ``shape:`` takes DirectConfig's own fields but those the study sets per run."""
+    from recipe.gdro.lab.experiments.direct import DirectConfig
+    from recipe.gdro.lab.experiments.protocol import PER_RUN
+
+    base = yaml.safe_load(_protocol(tmp_path).read_text())
+    shape, primary, explore = base["shape"], base["primary"], base["explore"]
+    refused = {
+        # unknown keys, with the key they were likely meant for
+        r"confirm.alhpa: unknown key \(did you mean alpha\?\)": {"confirm": {**base["confirm"], "alhpa": 0.05}},
+        r"solvabel: unknown key \(did you mean solvable\?\)": {"solvabel": 0.1},
+        r"shape.num_tset: unknown key \(did you mean num_test\?\); the keys under shape: model_path, steps": {
+            "shape": {**shape, "num_tset": 10}
+        },
+        r"shape.lr: unknown key": {"shape": {**shape, "lr": 1e-3}},  # set per run (tuned), not by the shape
+        # a string where a number must be
+        r"primary.alpha: '0.05' must be a number": {"primary": {**primary, "alpha": "0.05"}},
+        r"shape.steps: '3' must be an integer": {"shape": {**shape, "steps": "3"}},
+        # out of range
+        r"solvable: 1.5 must lie in \[0, 1\]": {"solvable": 1.5},
+        r"explore.arms\[0\].warm_start: -1 must be an integer >= 0": {
+            "explore": {**explore, "arms": [{**explore["arms"][0], "warm_start": -1}]}
+        },
+        r"long.regimes.pool.num_train: 0 must be an integer >= 1": {
+            "long": {**base["long"], "regimes": {"pool": {"num_train": 0}}}
+        },
+        r"explore.seeds\[0\]: -200 must be an integer >= 0": {"explore": {**explore, "seeds": [-200]}},
+        # v1's power rule has no PowerRule field beside it (that is the mde plan's)
+        r"primary.power.target_power: a setting of the mde plan": {
+            "primary": {**primary, "power": {**primary["power"], "target_power": 0.9}}
+        },
+    }
+    for message, change in refused.items():
+        with pytest.raises(ProtocolError, match=message) as e:
+            load_protocol(_protocol(tmp_path, **change))
+        assert "\n" not in str(e.value) and str(e.value).startswith(str(tmp_path / "smoke.yaml"))
+    # every DirectConfig field but the per-run ones is a shape key, with no list of them in protocol.py
+    every = {f.name: getattr(DirectConfig(), f.name) for f in dataclasses.fields(DirectConfig) if f.name not in PER_RUN}
+    assert load_protocol(_protocol(tmp_path, shape={**every, **shape})).shape["num_train"] == shape["num_train"]
 
 
 def test_a_changed_protocol_cannot_reuse_spent_seeds(tmp_path):
