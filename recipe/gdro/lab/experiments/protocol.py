@@ -2,7 +2,8 @@
 spent evaluation seeds.
 
 :func:`load_protocol` reads and checks a protocol (the tiny-LM study's are ``protocols/tiny_lm.yaml``,
-v1, and ``protocols/tiny_lm_v2.yaml``, the default; their keys are documented there): seeds of
+v1, ``protocols/tiny_lm_v2.yaml``, the default, and ``protocols/tiny_lm_v3.yaml``; their keys are
+documented there; ``shape.mix`` is a task mix, skill -> share, ``data_prep.arith.mix_shares``): seeds of
 different roles never overlap, every method is in the registry (``config/method/``), every arm names
 a tuned method, the reference's shapes keep prompts x n equal. Its ``hash`` is the SHA-256 of the
 file's bytes: every run records it, and a report refuses runs of two hashes.
@@ -29,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from data_prep.arith import mix_shares
+from data_prep.common import DataPrepError
 from recipe.gdro.config.registry import method_names
 from recipe.gdro.lab.results.outcomes import Endpoint
 from recipe.gdro.lab.results.stats import PowerRule
@@ -37,6 +40,7 @@ from verl_ext.atomic import atomic_replace
 PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
 TINY_LM_V1 = PROTOCOL_DIR / "tiny_lm.yaml"  # issue 26's study; its runs and report stay as committed
 TINY_LM_PROTOCOL = PROTOCOL_DIR / "tiny_lm_v2.yaml"  # the current one (issue 33): the CLI's default
+TINY_LM_V3 = PROTOCOL_DIR / "tiny_lm_v3.yaml"  # issue 45: tail-directed allocation (pass --protocol)
 # An arm's lr_scale may name this instead of a number: the reference's mean weighted-advantage token
 # mass over the method's, both at their tuned settings on every tuning seed (equal step size).
 MASS_SCALE = "reference_mass"
@@ -134,6 +138,14 @@ def load_protocol(path: str | Path = TINY_LM_PROTOCOL) -> Protocol:
             _fail(path, key, "missing section (a mapping)")
     if "results" in data and not (isinstance(data["results"], str) and data["results"]):
         _fail(path, "results", f"{data['results']!r}: a folder (relative to the repository)")
+    mix = data["shape"].get("mix")
+    if mix is not None:
+        if not isinstance(mix, dict):
+            _fail(path, "shape.mix", f"{mix!r}: a mapping of skill name to its share of the rows")
+        try:
+            mix_shares(mix)
+        except DataPrepError as e:
+            _fail(path, "shape.mix", str(e))
     known = set(method_names())
     tuning = data["tuning"]
     for key in ("seeds", "lr_grid", "methods"):

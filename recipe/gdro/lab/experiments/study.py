@@ -121,13 +121,18 @@ RUN_CODE = (
 # method config, and leave out the DirectConfig fields added since (at their defaults), so their
 # committed runs keep their keys and their report reproduces.
 PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
-ADDED_SINCE_V1 = ("num_test",)
+ADDED_SINCE_V1 = ("num_test", "mix")
+# protocols/tiny_lm_v2.yaml as committed (its runs keep their keys)
+TINY_LM_V2_HASH = "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be"
+# DirectConfig fields added after a provenance protocol's runs were made: its run keys leave them out
+# while they are at their defaults (the committed runs keep their keys); another value is refused.
+DIRECT_FIELDS_ADDED = {TINY_LM_V2_HASH: ("mix",)}
 # Controller settings (verl_ext's GDROConfig, ``section.field``) added after a protocol's runs were made:
 # its run keys (``method_config``) leave them out while they are at their defaults, so the committed runs
 # keep their keys and their report reproduces; a run of that protocol with another value is refused.
 METHOD_FIELDS_ADDED = {
     # tiny_lm_v2: failure_weighted's and fixed_tail_share's settings (issue 45)
-    "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be": (
+    TINY_LM_V2_HASH: (
         "rollout.failure_weight_k",
         "rollout.tail_threshold",
         "rollout.tail_share_factor",
@@ -170,13 +175,17 @@ def run_config(
     )
     direct["model_path"] = portable_path(direct["model_path"])
     config = {"direct": direct, "exact_temperature": protocol.eval_temperature}
+    defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
     if protocol.hash in PRE_PROVENANCE:
-        defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
         for name in ADDED_SINCE_V1:
             if direct[name] != defaults[name]:
                 raise ValueError(f"{name}={direct[name]}: protocol {PRE_PROVENANCE[protocol.hash]} predates it")
             del direct[name]
         return config
+    for name in DIRECT_FIELDS_ADDED.get(protocol.hash, ()):
+        if direct[name] != defaults[name]:
+            raise ValueError(f"shape.{name}={direct[name]}: this protocol's runs predate it")
+        del direct[name]
     from verl_ext.config import gdro_config_from_dict
 
     # every field of the controller's config, defaults included: what the run's GDROController reads
@@ -502,7 +511,7 @@ class Study:
 
             shape = DirectConfig(**protocol.shape)
             try:
-                held_out_split(shape.num_test, shape.data_seed, shape.num_val)
+                held_out_split(shape.num_test, shape.data_seed, shape.num_val, shape.mix)
             except DataPrepError as e:
                 raise ProtocolError(f"{protocol.path}: shape.num_test: {e}") from None
         if self.code is not None and not self.code["clean"]:
@@ -560,6 +569,7 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
             "num_val": int(shape.num_val),
             "data_seed": int(shape.data_seed),
             "temperatures": list(BASELINE_TEMPERATURES),
+            **({"mix": shape.mix} if shape.mix is not None else {}),  # a protocol's task mix (v1, v2: none)
         }
     }
     if not study.legacy:
@@ -577,7 +587,7 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
     b = config["baseline"]
     path = local_path(b["model_path"])
     model, tok = load_model(path), load_tokenizer(path)
-    val = arith.build_split(b["num_val"], b["data_seed"], val=True)
+    val = arith.build_split(b["num_val"], b["data_seed"], val=True, mix=b.get("mix"))
     sweep = exact.temperature_sweep(model, tok, val, temperatures=b["temperatures"])
     best = sweep["best_temperature"]
     summary = {
