@@ -75,17 +75,10 @@ def test_the_mix_keys_a_runs_config_and_v2s_keys_leave_it_out(tmp_path):
 
 
 def test_a_tail_split_into_its_skills():
-    run = {
-        "per_prompt": {
-            "test": {
-                "id": ["a", "b", "c", "d"],
-                "skill": ["s", "s", "t", "t"],
-                "step": [0, 10],
-                "p": [[0.9, 0.01, 0.02, 0.5], [0.95, 0.2, 0.1, 0.6]],
-            }
-        }
-    }
-    tail_s = Endpoint("tail s", k=1, tail=Tail(base_below=0.05, skills=("s",)))  # b only (a is not below)
+    """base_below and skills together: the skill's prompts whose base p is below the threshold."""
+    p = {"step": [0, 10], "p": [[0.9, 0.01, 0.02], [0.95, 0.2, 0.1]]}
+    run = {"per_prompt": {"test": {"id": ["a", "b", "c"], "skill": ["s", "s", "t"], **p}}}
+    tail_s = Endpoint("tail s", k=1, tail=Tail(base_below=0.05, skills=("s",)))  # b only: a is not below
     assert endpoint_value(run, tail_s) == pytest.approx(0.2)
     assert Tail(base_below=0.05, skills=("s",)).describe() == "skill s, prompts with base p < 0.05"
     with pytest.raises(ValueError, match="base_below .*skills .*or both"):
