@@ -11,13 +11,14 @@ Usage (from the repository root)::
     python -m recipe.gdro.lab.experiments.study reproduce --run FILE  # one committed run again: same numbers?
 
 The plan is data: ``--protocol`` (default ``recipe/gdro/lab/experiments/protocols/tiny_lm_v2.yaml``; v1 is
-``tiny_lm.yaml``), whose comments state the rules: seeds, the lr grid (extended at an edge with
-``tuning.extend``), the reference's shapes (``tuning.reference_shapes``: GRPO tuned over prompts x n
-at equal rollouts a step; every other method runs at its choice), the power seeds, the arms, the
-primary family, the power rule, the confirmation rule. ``--results`` defaults to the protocol's
-``results:`` folder. Every run is :func:`recipe.gdro.lab.experiments.direct.run_direct` on a method of
-``config/method/`` (the shipped settings), scored by the exact teacher-forced probability of the
-answer (``recipe.gdro.lab.tinylm.exact``, the primary metric) and by one sampled draw (secondary).
+``tiny_lm.yaml``, v3 ``tiny_lm_v3.yaml``), whose comments state the rules: the task mix (``shape.mix``),
+seeds, the lr grid (extended at an edge with ``tuning.extend``), the reference's shapes
+(``tuning.reference_shapes``: GRPO tuned over prompts x n at equal rollouts a step; every other method runs at
+its choice), the power seeds, the arms, the primary family, the power rule, the confirmation rule.
+``--results`` defaults to the protocol's ``results:`` folder. Every run is
+:func:`recipe.gdro.lab.experiments.direct.run_direct` on a method of ``config/method/`` (the shipped
+settings), scored by the exact teacher-forced probability of the answer (``recipe.gdro.lab.tinylm.exact``, the
+primary metric) and by one sampled draw (secondary).
 
 Each finished run is a small JSON in ``--results`` ``/runs/``:
 method, stage, seed, lr, protocol_hash, started_at, base_exact, final_exact, final_sampled, tokens,
