@@ -54,3 +54,24 @@ def test_the_v3_protocol_was_committed_before_its_first_run_and_its_seeds_are_sp
     assert primary and primary <= spent <= set(p.primary["seed_pool"])
     for other in ("tiny_lm_study", "tiny_lm_study_v2"):  # v1 and v2 untouched: none of their seeds reused
         assert Ledger(REPO / "results" / other / "spent_seeds.yaml").conflicts(p.hash, sorted(spent)) == {}
+
+
+def test_the_control_verdict_and_the_token_rule_read_the_family(tmp_path):
+    """A control whose primary endpoint Holm rejects upward lets the other verdicts stand; an arm above +2% of
+    the reference's tokens is named as needing a token-matched comparison; a family without a control
+    (v2) prints neither."""
+    from recipe.gdro.lab.results.stats import FamilyRow
+
+    p = load_protocol(TINY_LM_V3)
+    s = study.Study(p, tmp_path, jobs=0, log=lambda *_: None)
+    methods = [p.primary["reference"], *p.primary["methods"]]
+    tokens = {m: 1000.0 for m in methods} | {"rollout_gdro_failure_weighted": 1030.0}
+    runs = {(m, 0): {"tokens": tokens[m]} for m in methods}
+    row = FamilyRow(0.05, 0.02, 0.08, 6, 0.001, 0.004, True)
+    text = "\n".join(study.control_text(s, runs, [0], {"rollout_gdro_fixed_tail_share tail pass@8": row}))
+    assert (
+        "rollout_gdro_failure_weighted +3.0%" in text and "comparison needed): rollout_gdro_failure_weighted." in text
+    )
+    assert "raised tail pass@8 (+0.0500, 95% CI [+0.0200, +0.0800], Holm p 0.004)" in text and "verdicts stand" in text
+    v2 = study.Study(load_protocol(), tmp_path / "v2", jobs=0, log=lambda *_: None)
+    assert study.control_text(v2, {}, [], {}) == []
