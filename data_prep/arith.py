@@ -30,10 +30,11 @@ seed or size. Problems within a file are distinct; each skill gets its share of 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,16 +208,36 @@ def sample_problems(
     return [(problem_text(a, skill.op, b), a, b, answer(a, skill.op, b)) for a, b in pairs]
 
 
-def build_split(total: int, seed: int, *, val: bool, beside_val: int | None = None) -> list[dict]:
+def mix_shares(mix: Mapping[str, float] | None) -> list[float]:
+    """Each skill's share of the rows, in :data:`SKILLS` order: ``mix`` (skill name -> share; skills it
+    leaves out get 0; shares need not sum to 1) or, for None, each skill's own ``share``. DataPrepError
+    naming an unknown skill, a negative or non-finite share, or a mix of no rows."""
+    if mix is None:
+        return [s.share for s in SKILLS]
+    for name, share in mix.items():
+        if name not in SKILL_BY_NAME:
+            raise DataPrepError(f"task mix: unknown skill {name!r}; use some of {', '.join(SKILL_BY_NAME)}")
+        if not (isinstance(share, (int, float)) and math.isfinite(share) and share >= 0):
+            raise DataPrepError(f"task mix: {name}={share!r}: a share is a finite number >= 0")
+    if not sum(mix.values()) > 0:
+        raise DataPrepError("task mix: every share is 0; give at least one skill a share > 0")
+    return [float(mix.get(s.name, 0.0)) for s in SKILLS]
+
+
+def build_split(
+    total: int, seed: int, *, val: bool, beside_val: int | None = None, mix: Mapping[str, float] | None = None
+) -> list[dict]:
     """All rows of one split, index-ordered by prompt hash (as dapo.py orders its rows).
 
     ``beside_val`` (the test split, :func:`build_test_split`): draw from the validation side, leaving out the
-    problems of the validation split of that size and ``seed``, on a stream of its own."""
-    counts = allocate(total, [s.share for s in SKILLS])
+    problems of the validation split of that size and ``seed`` (and ``mix``), on a stream of its own.
+    ``mix``: the skills' shares (:func:`mix_shares`; default each skill's ``share``). A skill's problems
+    come from its own stream, so a skill of the same count draws the same problems under any mix."""
+    counts = allocate(total, mix_shares(mix))
     exclude: frozenset[str] = frozenset()
     stream = int(val)
     if beside_val is not None:
-        exclude = frozenset(r["prompt"][-1]["content"] for r in build_split(beside_val, seed, val=True))
+        exclude = frozenset(r["prompt"][-1]["content"] for r in build_split(beside_val, seed, val=True, mix=mix))
         stream = TEST_STREAM
     # One independent stream per (seed, split, skill): adding a skill does not reshuffle the others.
     entries: list[tuple[str, Entry, Skill]] = []
@@ -249,14 +270,14 @@ def build_split(total: int, seed: int, *, val: bool, beside_val: int | None = No
 TEST_STREAM = 2  # the test split's random streams are [seed, 2, skill] (train: 0, validation: 1)
 
 
-def build_test_split(total: int, seed: int, num_val: int) -> list[dict]:
+def build_test_split(total: int, seed: int, num_val: int, mix: Mapping[str, float] | None = None) -> list[dict]:
     """A held-out test split of ``total`` rows: validation-eligible problems (never trained on, as
     :func:`is_val_problem` reserves them) that are not in ``build_split(num_val, seed, val=True)``,
     so the test prompts are disjoint from the validation prompts that choose checkpoints and lrs.
     Each skill keeps its share; a skill whose validation side is too small after the validation
     split's problems are removed (``mul1x2`` holds 77: at most 27 beside 1000 validation rows) is a
     :class:`DataPrepError` naming it. Rows as :func:`build_split` writes them."""
-    return build_split(total, seed, val=True, beside_val=num_val)
+    return build_split(total, seed, val=True, beside_val=num_val, mix=mix)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

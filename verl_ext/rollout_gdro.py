@@ -325,7 +325,7 @@ def informative_probability(window_correct: Any, window_rollouts: Any, n_max: in
     return value
 
 
-def failure_weighted_gains(window_correct: Any, window_rollouts: Any, n_min: int, n_max: int, k: int = 2) -> np.ndarray:
+def failure_weighted_gains(window_correct: Any, window_rollouts: Any, n_min: int, n_max: int, k: int) -> np.ndarray:
     """``failure_weighted``'s marginal gains: column j is prompt i's gain from n_min + j to n_min + j + 1.
 
     The value of n rollouts is V_i(n) = E[(1 - p_i)^(k-1) (1 - p_i^n - (1 - p_i)^n)] under the window's

@@ -61,11 +61,13 @@ def test_failure_weighted_moves_rollouts_from_solved_to_failing_prompts_unlike_d
 
 
 def test_a_never_solved_prompt_loses_its_claim_with_every_failed_visit():
-    """k = 0 of m: every increment below 1/(m + 1), falling in m; a prompt failed 200 times in its window
-    gets n_min beside prompts that still succeed sometimes."""
+    """k = 0 of m, at the config's pass@k weight: every increment below 1/(m + 1), falling with each failed
+    visit (m = 4, 20, ...; unseen, m = 0, the prior's mass near p = 1 keeps it below a first failed
+    visit of 4 at k = 8); a prompt failed 200 times in its window gets n_min beside prompts that still
+    succeed sometimes."""
     m = np.array([0, 4, 20, 50, 200], dtype=float)
-    gains = failure_weighted_gains(np.zeros(5), m, 2, 12)
-    assert np.all(np.diff(gains[:, 0]) < 0)
+    gains = failure_weighted_gains(np.zeros(5), m, 2, 12, RolloutGDROConfig().failure_weight_k)
+    assert np.all(np.diff(gains[1:, 0]) < 0)
     assert np.all(gains < 1 / (m[:, None] + 1))
     groups = np.zeros(4, dtype=np.int64)
     k, m = np.array([0, 2, 10, 19]), np.array([200, 40, 20, 20])

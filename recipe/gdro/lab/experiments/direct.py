@@ -8,7 +8,8 @@ Usage (from the repository root)::
 
 One step, in the order the recipe's trainer (``recipe/gdro/trainer.py``) runs it:
 
-1. draw ``--prompts`` training prompts (epoch-shuffled, ``data_prep/arith.py``'s train split);
+1. draw ``--prompts`` training prompts (epoch-shuffled, ``data_prep/arith.py``'s train split, its skills
+   in the shares of ``--task_mix`` / ``DirectConfig.mix``, as are the validation and test splits);
 2. ``GDROController.schedule`` -> the rollout count n(x) of each prompt (n̄ = ``--n`` for GRPO);
 3. :func:`recipe.gdro.lab.tinylm.policy.sample` the rollouts at temperature 1, score them with
    ``data_prep.reward_fn.compute_score`` (verl's ``math_dapo``: +1 / -1);
@@ -85,6 +86,9 @@ class DirectConfig:
     # Held-out test prompts (data_prep.arith.build_test_split: validation-side problems not in the
     # validation split), scored before and after training only: the study's endpoints. 0: none.
     num_test: int = 0
+    # The task mix: skill name -> share of the training, validation and test rows (data_prep.arith.mix_shares;
+    # skills left out get none). None: each skill's own share (data_prep.arith.SKILLS).
+    mix: dict | None = None
     data_seed: int = 0
     seed: int = 0
     eval_samples: int = 1
@@ -114,10 +118,11 @@ def warm_steps(config: DirectConfig) -> int:
     return spent // per_step
 
 
-def held_out_split(num_test: int, data_seed: int, num_val: int) -> list[dict]:
-    """The held-out test rows (``data_prep.arith.build_test_split``; none for ``num_test`` 0).
-    DataPrepError naming the skill when the validation side cannot hold them beside validation."""
-    return arith.build_test_split(num_test, data_seed, num_val) if num_test else []
+def held_out_split(num_test: int, data_seed: int, num_val: int, mix: dict | None = None) -> list[dict]:
+    """The held-out test rows (``data_prep.arith.build_test_split`` under the task ``mix``; none for
+    ``num_test`` 0). DataPrepError naming the skill when the validation side cannot hold them beside
+    validation, or the mix's fault (``data_prep.arith.mix_shares``)."""
+    return arith.build_test_split(num_test, data_seed, num_val, mix) if num_test else []
 
 
 def resolve_device(name: str) -> torch.device:
@@ -194,10 +199,10 @@ def run_direct(config: DirectConfig | dict, log=print) -> dict[str, Any]:
     train = (
         pq.read_table(config.train_file).to_pylist()
         if config.train_file
-        else arith.build_split(config.num_train, config.data_seed, val=False)
+        else arith.build_split(config.num_train, config.data_seed, val=False, mix=config.mix)
     )
-    val = arith.build_split(config.num_val, config.data_seed, val=True)
-    test = held_out_split(config.num_test, config.data_seed, config.num_val)
+    val = arith.build_split(config.num_val, config.data_seed, val=True, mix=config.mix)
+    test = held_out_split(config.num_test, config.data_seed, config.num_val, config.mix)
     splits = {"validation": val, "test": test, "training": train}
     check_disjoint({name: [r["prompt"][-1]["content"] for r in rows] for name, rows in splits.items() if rows})
     # Each evaluated prompt's exact probability at each evaluation (recipe.gdro.lab.results.outcomes):
@@ -396,6 +401,10 @@ class _CliOnly:
         },
     )
     out: str | None = field(default=None, metadata={"help": "write the result (without the model) as JSON here"})
+    task_mix: str | None = field(
+        default=None,
+        metadata={"metavar": "SKILL=SHARE,...", "help": "the task mix, e.g. add3=1,add4=2 (default: arith's shares)"},
+    )
 
 
 _HELP = {
@@ -417,7 +426,7 @@ def build_parser():
     hints = typing.get_type_hints(DirectConfig)
     fields = []
     for f in dataclasses.fields(DirectConfig):
-        if f.name == "gdro" or hints[f.name] is dict:
+        if f.name == "gdro" or dict in (hints[f.name], *typing.get_args(hints[f.name])):  # mappings: not flags
             continue
         meta = {"help": _HELP.get(f.name, "")}
         if f.name == "method":
@@ -442,7 +451,21 @@ def main(argv=None) -> int:
         print(f"error: --num_test must be >= 0, got {args.num_test}", file=sys.stderr)
         return 2
     try:
-        held_out_split(args.num_test, args.data_seed, args.num_val)
+        mix = (
+            None
+            if args.task_mix is None
+            else {k: float(v) for k, v in parse_overrides(args.task_mix.split(","), what="--task_mix").items()}
+        )
+    except (TypeError, ValueError) as e:
+        print(f"error: --task_mix {args.task_mix!r}: {e}; write skill=share pairs, e.g. add3=1,add4=2", file=sys.stderr)
+        return 2
+    try:
+        arith.mix_shares(mix)
+    except DataPrepError as e:
+        print(f"error: --task_mix: {e}", file=sys.stderr)
+        return 2
+    try:
+        held_out_split(args.num_test, args.data_seed, args.num_val, mix)
     except DataPrepError as e:
         print(f"error: --num_test: {e}", file=sys.stderr)
         return 2
@@ -465,6 +488,7 @@ def main(argv=None) -> int:
         return 2
     config = DirectConfig(
         gdro=gdro,
+        mix=mix,
         **{
             f.name: getattr(args, f.name)
             for f in dataclasses.fields(DirectConfig)

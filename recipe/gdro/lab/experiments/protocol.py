@@ -1,8 +1,9 @@
 """A study's protocol file (YAML, pre-registered by commit), its content hash, and the ledger of
 spent evaluation seeds.
 
-:func:`load_protocol` reads a protocol (the tiny-LM study's are ``protocols/tiny_lm.yaml``, v1, and
-``protocols/tiny_lm_v2.yaml``, the default; their keys are documented there) in two steps, as the GDRO config
+:func:`load_protocol` reads a protocol (the tiny-LM study's are ``protocols/tiny_lm.yaml``, v1,
+``protocols/tiny_lm_v2.yaml``, the default, and ``protocols/tiny_lm_v3.yaml``; their keys are documented there;
+``shape.mix`` is a task mix, skill -> share, ``data_prep.arith.mix_shares``) in two steps, as the GDRO config
 and the simulator's scenario are read. First the typed parse: :class:`ProtocolSpec` and its sections are
 dataclasses validated by ``pydantic.TypeAdapter`` (strict numbers, booleans and strings, unknown keys
 refused, every bounded number a :class:`verl_ext.config.Range` in its field's metadata). ``shape:`` (and
@@ -46,6 +47,8 @@ from annotated_types import MinLen
 from pydantic import ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, with_config
 from pydantic_core import PydanticCustomError
 
+from data_prep.arith import mix_shares
+from data_prep.common import DataPrepError
 from recipe.gdro.config.registry import method_names
 from recipe.gdro.lab.results.outcomes import Endpoint, Tail
 from recipe.gdro.lab.results.stats import PowerRule
@@ -55,6 +58,7 @@ from verl_ext.config import TYPE_WANTED, Choice, Range, error_key, fields_at, ra
 PROTOCOL_DIR = Path(__file__).resolve().parent / "protocols"
 TINY_LM_V1 = PROTOCOL_DIR / "tiny_lm.yaml"  # issue 26's study; its runs and report stay as committed
 TINY_LM_PROTOCOL = PROTOCOL_DIR / "tiny_lm_v2.yaml"  # the current one (issue 33): the CLI's default
+TINY_LM_V3 = PROTOCOL_DIR / "tiny_lm_v3.yaml"  # issue 45: tail-directed allocation (pass --protocol)
 # An arm's lr_scale may name this instead of a number: the reference's mean weighted-advantage token
 # mass over the method's, both at their tuned settings on every tuning seed (equal step size).
 MASS_SCALE = "reference_mass"
@@ -422,6 +426,12 @@ def _check_design(path: Path, spec: ProtocolSpec, shape: Any, power_keys: set[st
     """The rules between fields (module docstring), on the typed parse; ``power_keys``: those written
     under ``primary.power``."""
     tuning, primary = spec.tuning, spec.primary
+    mix = getattr(shape, "mix", None)
+    if mix is not None:  # its keys are skills, its values shares: data_prep's own check names the one at fault
+        try:
+            mix_shares(mix)
+        except DataPrepError as e:
+            _fail(path, "shape.mix", str(e))
     if tuning.extend and len(tuning.lr_grid) < 2:
         _fail(path, "tuning.extend", "extending the grid needs at least two lrs (their ratio is the step)")
     sizes = sorted({s.prompts * s.n for s in tuning.reference_shapes or []})

@@ -11,13 +11,14 @@ Usage (from the repository root)::
     python -m recipe.gdro.lab.experiments.study reproduce --run FILE  # one committed run again: same numbers?
 
 The plan is data: ``--protocol`` (default ``recipe/gdro/lab/experiments/protocols/tiny_lm_v2.yaml``; v1 is
-``tiny_lm.yaml``), whose comments state the rules: seeds, the lr grid (extended at an edge with
-``tuning.extend``), the reference's shapes (``tuning.reference_shapes``: GRPO tuned over prompts x n
-at equal rollouts a step; every other method runs at its choice), the power seeds, the arms, the
-primary family, the power rule, the confirmation rule. ``--results`` defaults to the protocol's
-``results:`` folder. Every run is :func:`recipe.gdro.lab.experiments.direct.run_direct` on a method of
-``config/method/`` (the shipped settings), scored by the exact teacher-forced probability of the
-answer (``recipe.gdro.lab.tinylm.exact``, the primary metric) and by one sampled draw (secondary).
+``tiny_lm.yaml``, v3 ``tiny_lm_v3.yaml``), whose comments state the rules: the task mix (``shape.mix``),
+seeds, the lr grid (extended at an edge with ``tuning.extend``), the reference's shapes
+(``tuning.reference_shapes``: GRPO tuned over prompts x n at equal rollouts a step; every other method runs at
+its choice), the power seeds, the arms, the primary family, the power rule, the confirmation rule.
+``--results`` defaults to the protocol's ``results:`` folder. Every run is
+:func:`recipe.gdro.lab.experiments.direct.run_direct` on a method of ``config/method/`` (the shipped
+settings), scored by the exact teacher-forced probability of the answer (``recipe.gdro.lab.tinylm.exact``, the
+primary metric) and by one sampled draw (secondary).
 
 Each finished run is a small JSON in ``--results`` ``/runs/``:
 method, stage, seed, lr, protocol_hash, started_at, base_exact, final_exact, final_sampled, tokens,
@@ -121,13 +122,18 @@ RUN_CODE = (
 # method config, and leave out the DirectConfig fields added since (at their defaults), so their
 # committed runs keep their keys and their report reproduces.
 PRE_PROVENANCE = {"de92e537eada808fb0827977c801216493b1c65952d97cc31f31cfd369635283": "tiny_lm_v1"}
-ADDED_SINCE_V1 = ("num_test",)
+ADDED_SINCE_V1 = ("num_test", "mix")
+# protocols/tiny_lm_v2.yaml as committed (its runs keep their keys)
+TINY_LM_V2_HASH = "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be"
+# DirectConfig fields added after a provenance protocol's runs were made: its run keys leave them out
+# while they are at their defaults (the committed runs keep their keys); another value is refused.
+DIRECT_FIELDS_ADDED = {TINY_LM_V2_HASH: ("mix",)}
 # Controller settings (verl_ext's GDROConfig, ``section.field``) added after a protocol's runs were made:
 # its run keys (``method_config``) leave them out while they are at their defaults, so the committed runs
 # keep their keys and their report reproduces; a run of that protocol with another value is refused.
 METHOD_FIELDS_ADDED = {
     # tiny_lm_v2: failure_weighted's and fixed_tail_share's settings (issue 45)
-    "19de5196a5dcd9557c186a2c8cffbb616fd0052a382dbb62c2148b53d19d70be": (
+    TINY_LM_V2_HASH: (
         "rollout.failure_weight_k",
         "rollout.tail_threshold",
         "rollout.tail_share_factor",
@@ -170,13 +176,17 @@ def run_config(
     )
     direct["model_path"] = portable_path(direct["model_path"])
     config = {"direct": direct, "exact_temperature": protocol.eval_temperature}
+    defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
     if protocol.hash in PRE_PROVENANCE:
-        defaults = {f.name: f.default for f in dataclasses.fields(DirectConfig)}
         for name in ADDED_SINCE_V1:
             if direct[name] != defaults[name]:
                 raise ValueError(f"{name}={direct[name]}: protocol {PRE_PROVENANCE[protocol.hash]} predates it")
             del direct[name]
         return config
+    for name in DIRECT_FIELDS_ADDED.get(protocol.hash, ()):
+        if direct[name] != defaults[name]:
+            raise ValueError(f"shape.{name}={direct[name]}: this protocol's runs predate it")
+        del direct[name]
     from verl_ext.config import gdro_config_from_dict
 
     # every field of the controller's config, defaults included: what the run's GDROController reads
@@ -502,7 +512,7 @@ class Study:
 
             shape = DirectConfig(**protocol.shape)
             try:
-                held_out_split(shape.num_test, shape.data_seed, shape.num_val)
+                held_out_split(shape.num_test, shape.data_seed, shape.num_val, shape.mix)
             except DataPrepError as e:
                 raise ProtocolError(f"{protocol.path}: shape.num_test: {e}") from None
         if self.code is not None and not self.code["clean"]:
@@ -560,6 +570,7 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
             "num_val": int(shape.num_val),
             "data_seed": int(shape.data_seed),
             "temperatures": list(BASELINE_TEMPERATURES),
+            **({"mix": shape.mix} if shape.mix is not None else {}),  # a protocol's task mix (v1, v2: none)
         }
     }
     if not study.legacy:
@@ -577,7 +588,7 @@ def decoding_baseline(study: Study) -> dict[str, Any]:
     b = config["baseline"]
     path = local_path(b["model_path"])
     model, tok = load_model(path), load_tokenizer(path)
-    val = arith.build_split(b["num_val"], b["data_seed"], val=True)
+    val = arith.build_split(b["num_val"], b["data_seed"], val=True, mix=b.get("mix"))
     sweep = exact.temperature_sweep(model, tok, val, temperatures=b["temperatures"])
     best = sweep["best_temperature"]
     summary = {
@@ -1103,7 +1114,7 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
     plan = endpoint_plan(study, tuned)
     seeds, methods, runs = primary_runs(study, tuned, plan.n_seeds)
     alpha = plan.rule.alpha
-    table, _ = family_table(family_diffs(study, runs, seeds), alpha)
+    table, family = family_table(family_diffs(study, runs, seeds), alpha)
     names = list(ep)
     base = [runs[(pr["reference"], s)] for s in seeds]  # every run's base is the same untrained model
     base_values = [f"{np.mean([endpoint_value(r, ep[n], 'base') for r in base]):.4f}" for n in names]
@@ -1144,11 +1155,58 @@ def primary_endpoints(study: Study, tuned: dict[str, float]) -> str:
             *markdown_table(["method", *names, "weighted-advantage token mass", "tokens"], rows),
             "",
             observed_line,
+            *control_text(study, runs, seeds, family),
             *allocation_text([(m, [runs[(m, s)] for s in seeds]) for m in methods]),
             "",
             pass_at_k_text(study, tuned, seeds, methods, runs),
         ]
     )
+
+
+# The positive control's allocator (a primary method whose config selects it is the control), and the
+# token excess over the reference beyond which a comparison needs a token-matched arm (protocol tiny_lm_v3).
+CONTROL_ALLOCATOR = "fixed_tail_share"
+TOKEN_MATCH = 0.02
+
+
+def control_text(study: Study, runs, seeds, family) -> list[str]:
+    """Report lines for a primary family with a positive control (issue 45): each method's tokens against
+    the reference's and those above :data:`TOKEN_MATCH`, and the control's verdict on the family's first
+    metric (the primary endpoint): raised it (Holm) -> the other arms' verdicts stand; else the testbed
+    cannot see tail-directed compute at this power and the verdict on the other allocators is void.
+    None without a control (v1, v2: their reports unchanged)."""
+    from recipe.gdro.lab.experiments.direct import method_gdro
+
+    pr = study.p.primary
+    n = int(study.tuned_shape.get("n", study.p.shape["n"]))
+    controls = [m for m in pr["methods"] if method_gdro(m, n)["rollout"].get("allocator") == CONTROL_ALLOCATOR]
+    if not controls:
+        return []
+    ref, first = pr["reference"], pr["metrics"][0]
+    tokens = {m: float(np.mean([runs[(m, s)]["tokens"] for s in seeds])) for m in [ref, *pr["methods"]]}
+    excess = {m: tokens[m] / tokens[ref] - 1 for m in pr["methods"]}
+    over = [m for m in pr["methods"] if excess[m] > TOKEN_MATCH]
+    lines = [
+        "",
+        f"Tokens against {ref}'s (means over the evaluation seeds): "
+        + ", ".join(f"{m} {100 * excess[m]:+.1f}%" for m in pr["methods"])
+        + f"; above +{100 * TOKEN_MATCH:g}% (a token-matched comparison needed): {', '.join(over) or 'none'}.",
+    ]
+    for c in controls:
+        lines.append("")
+        r = family[f"{c} {first}"]
+        found = f"{r.mean:+.4f}, 95% CI [{r.lo:+.4f}, {r.hi:+.4f}], Holm p {_p(r.p_holm)}"
+        if r.rejected and r.mean > 0:
+            lines.append(
+                f"Positive control: {c} raised {first} ({found}): the testbed sees tail-directed compute; "
+                "the other arms' verdicts stand."
+            )
+        else:
+            lines.append(
+                f"Positive control: {c} did not raise {first} at the family's level ({found}): at this power the "
+                "testbed cannot see tail-directed compute, and the verdict on the other allocators is void."
+            )
+    return lines
 
 
 # pass@k over k = 1..32 on the test split: the figure (PASS_AT_K_FIGURE in the results folder) and its table

@@ -136,30 +136,32 @@ def outcomes(run: Mapping[str, Any], split: str = "test", at: str | int = "final
 
 @dataclass(frozen=True)
 class Tail:
-    """A hard tail, declared before any run: the prompts whose base p_i is below ``base_below``, or
-    the prompts of ``skills`` (exactly one of the two)."""
+    """A hard tail, declared before any run: the prompts whose base p_i is below ``base_below``, the
+    prompts of ``skills``, or with both the prompts of ``skills`` whose base p_i is below
+    ``base_below`` (a tail split into its skills)."""
 
     base_below: float | None = None
     skills: tuple[str, ...] = ()
 
     def __post_init__(self):
-        if (self.base_below is None) == (not self.skills):
-            raise ValueError("a tail is declared by exactly one of base_below (a threshold) or skills (a list)")
+        if self.base_below is None and not self.skills:
+            raise ValueError("a tail is declared by base_below (a threshold), skills (a list), or both")
 
     def members(self, base: Outcomes) -> np.ndarray:
         """Boolean mask over ``base``'s prompts."""
-        if self.base_below is not None:
-            return base.p < self.base_below
+        mask = np.ones(len(base.p), dtype=bool) if self.base_below is None else base.p < self.base_below
+        if not self.skills:
+            return mask
         unknown = set(self.skills) - set(base.skills)
         if unknown:
             have = sorted(set(base.skills))
             raise ValueError(f"tail skills {sorted(unknown)} are not among the split's skills {have}")
-        return np.isin(np.asarray(base.skills), list(self.skills))
+        return mask & np.isin(np.asarray(base.skills), list(self.skills))
 
     def describe(self) -> str:
-        if self.base_below is not None:
-            return f"prompts with base p < {self.base_below:g}"
-        return "skill " + ", ".join(self.skills)
+        below = f"prompts with base p < {self.base_below:g}" if self.base_below is not None else ""
+        skills = "skill " + ", ".join(self.skills) if self.skills else ""
+        return f"{skills}, {below}" if skills and below else skills or below
 
 
 @dataclass(frozen=True)

@@ -713,6 +713,7 @@ def test_methods_are_the_registry_files_and_variants_are_overrides_on_them():
         "prompt_gdro",
         "rollout_gdro",
         "rollout_gdro_failure_weighted",
+        "rollout_gdro_fixed_tail_share",
         "joint_gdro",
         "joint_gdro_failure_weighted",
     )
