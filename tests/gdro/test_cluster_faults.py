@@ -90,7 +90,7 @@ def steps_of(metrics: Path) -> list[int]:
 # ------------------------------------------------------------------ one run per folder
 def test_a_second_launch_into_a_running_launchs_folder_is_refused_and_the_first_finishes_untouched(data, tmp_path):
     out = tmp_path / "run"
-    argv = cpu_launch(data, out, "trainer.total_training_steps=20")
+    argv = cpu_launch(data, out, "trainer.total_training_steps=8")
     with open(tmp_path / "first.err", "w") as err:
         first = subprocess.Popen(argv, cwd=REPO, env=cpu_env(data, out), stdout=subprocess.DEVNULL, stderr=err)
         try:
@@ -108,7 +108,7 @@ def test_a_second_launch_into_a_running_launchs_folder_is_refused_and_the_first_
     assert_one_line(second, 2, f"is in use by another launch (pid {first.pid} on host {socket.gethostname()}")
     assert still_running, "the first launch ended before the second was refused: nothing was tested"
     assert first.returncode == 0, (tmp_path / "first.err").read_text()[-3000:]
-    assert steps_of(out / "gdro_metrics.jsonl") == list(range(1, 21))  # one run's steps, once each, in order
+    assert steps_of(out / "gdro_metrics.jsonl") == list(range(1, 9))  # one run's steps, once each, in order
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("gdro_metrics")) == ["gdro_metrics.jsonl"]
 
 
