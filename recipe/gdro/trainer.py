@@ -3,19 +3,27 @@
 :class:`GDROTrainerMixin` goes in front of a trainer registered in verl's registry (a subclass of verl's
 ``PPOTrainer``); verl's ``fit`` / ``step`` loop is used unchanged. :class:`GDROTrainerSync` puts it on
 ``PPOTrainerSync`` (registered as ``gdro_sync``) and holds the one sync-only fact: a group not back by the end
-of the step that fetched it never arrives (and overrides verl's ``trainer_mode``). The mixin overrides
-``__init__`` and 12 of verl's methods: the 3 public hooks ``on_init_end``, ``on_validate_begin``,
-``on_train_begin`` and 9 private methods no public hook replaces:
+of the step that fetched it never arrives. :class:`GDROAsyncMixin` puts it on verl's ``colocate_async`` and
+``separate_async`` trainers (``gdro_colocate_async``, ``gdro_separate_async``) and adds the actor update's
+optimizer-step count (``_get_required_batch_multiple``, ``_update_actor``). The mixin overrides ``__init__``,
+verl's ``trainer_mode`` (a property: verl's mode, while the config holds the registry key) and 13 of verl's
+methods: the 3 public hooks ``on_init_end``, ``on_validate_begin``, ``on_train_begin`` and 10 private methods no
+public hook replaces:
 
 ``_init_dataloader``
     after verl builds the datasets, validates the training prompts' ``extra_info.index`` (unique
     integers) and builds the :class:`verl_ext.GDROController` with ``num_prompts = max id + 1``.
+``_build_replay_buffer``
+    on an asynchronous loop, every group verl's replay buffer evicts (stale, failed) is handed over before
+    TransferQueue forgets it (:func:`~recipe.gdro.trainer_step.observe_evictions`): it leaves the schedule, its
+    size checked, and is observed once with the next trained batch (:meth:`GDROTrainerMixin._gdro_on_evict`).
 ``_next_train_batch``
     after verl fetches prompts (and gives each a fresh ``uid``), asks the controller for each prompt's
     rollout count, writes it to the per-prompt ``__rollout_n__`` field that verl's ``AgentLoopWorkerTQ``
     reads, and records ``uid -> (prompt id, count, fetch step, visit)`` in a :class:`GroupSchedule` that lives
-    until the group is observed (or given up: :meth:`GDROTrainerMixin._gdro_lost_groups`). Σ n = B · n̄
-    exactly, so ``_balance_batch`` adds no padding. A prompt fetched twice in one step (verl restarts the
+    until the group is trained or evicted (or, on sync, lost: :meth:`GDROTrainerMixin._gdro_lost_groups`). Each
+    dispatch (a step's batch, verl's warm-up window or refill) has Σ n = k · n̄ exactly, so on sync
+    ``_balance_batch`` adds no padding. A prompt fetched twice in one step (verl restarts the
     dataloader at an epoch boundary inside the step when ``data.gen_batch_size`` < ``train_batch_size``) is
     two visits: two uids, each scheduled, weighted and recorded.
 ``_compute_advantage``
@@ -28,8 +36,8 @@ of the step that fetched it never arrives (and overrides verl's ``trainer_mode``
     multiplied by its weight before verl's single TransferQueue put: the recipe adds no write. Otherwise the
     controller observes after verl's stage. Padding rows (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
-    the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next to verl's own
-    checkpoint and restored by verl's resume (:mod:`recipe.gdro.gdro_state`). After each save, verl's
+    the complete controller state and the groups in flight are saved atomically as ``global_step_N/gdro_state.pkl``
+    next to verl's own checkpoint and restored by verl's resume (:mod:`recipe.gdro.gdro_state`). After each save, verl's
     ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` are applied to the ``global_step_K``
     folders this process saved; the folder it resumed from and every other folder on disk are never deleted,
     and a failed delete is logged, never raised (:mod:`recipe.gdro.checkpoints`). On a resume, verl's file log

@@ -82,7 +82,8 @@ def test_trained_groups_are_realised_as_scheduled_a_step_after_dispatch(run):
             == r["gdro/recipe/trained_rows"]
         )
         assert r["gdro/recipe/failed_sessions"] == 0 and r["gdro/recipe/trained_tokens"] > 0
-        assert r["gdro/recipe/lag_max"] >= 1  # the warm-up window: a step trains what an earlier step dispatched
+        # the warm-up window: from step 2 on, a step trains what an earlier step dispatched
+        assert r["gdro/recipe/lag_max"] >= (1 if r["step"] > 1 else 0)
     assert any(r["gdro/recipe/trained_rows"] != B * N_MEAN for r in run["rows"]), "every trained batch was B·n̄ rows"
 
 
