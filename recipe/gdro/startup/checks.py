@@ -643,6 +643,14 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
             + (f"trainer.v1.trainer_mode={own}" if own else f"one of {', '.join(GDRO_TRAINER_MODES)}")
             + " (the recipe's; gdro_sync is the default), or disable both adversaries"
         )
+    B, mini = config.data.train_batch_size, config.actor_rollout_ref.actor.ppo_mini_batch_size
+    if verl_mode(config) == "separate_async" and B != mini:
+        raise GDRORecipeError(
+            f"trainer.v1.trainer_mode={mode} with actor_rollout_ref.actor.ppo_mini_batch_size={mini}: the GDRO "
+            "trainer runs separate_async with parameter_sync_step=1 (the controller observes once a step) and verl "
+            f"requires train_batch_size = parameter_sync_step x ppo_mini_batch_size: set ppo_mini_batch_size={B} "
+            "(mode=separate_async sets it)"
+        )
     reads_advantage = gdro.prompt.enable and gdro.prompt.loss_signal == LossSignal.mean_abs_advantage
     if verl_mode(config) != SUPPORTED_TRAINER_MODE and reads_advantage:
         raise GDRORecipeError(
