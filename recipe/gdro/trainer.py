@@ -98,12 +98,10 @@ from recipe.gdro.trainer_step import (
     GDROStep,
     GroupSchedule,
     PinnedExtraInfo,
-    ScheduledGroup,
     StepPlan,
     inside_verl_advantage,
     observe_evictions,
     rows_per_update,
-    split_trajectory_key,
 )
 from recipe.gdro.weight_sync import bounded_weight_sync, weight_sync_timeout
 from verl_ext import GDROController, check_prompt_ids
@@ -139,8 +137,6 @@ class GDROTrainerMixin:
         self.gdro_checked: Checked = handed_over(config) or self._check_here(config)
         self.gdro: GDROController | None = None
         self._gdro_schedule = GroupSchedule()  # every group fetched and not yet observed, across steps
-        self._gdro_evicted: list[StepPlan] = []  # groups verl's replay buffer evicted, observed with the next step
-        self._gdro_evicted_lost: list[ScheduledGroup] = []  # evicted with no trajectory (every session failed)
         self._gdro_step: GDROStep | None = None  # the last advantage stage's
         self._gdro_saved_steps: list[int] = []  # the global_step_K folders this process saved (retention)
         self._gdro_val_extra: dict[str, float] = {}  # the current validation's per-source pass@k, prompts
@@ -265,16 +261,9 @@ class GDROTrainerMixin:
         if not self.gdro_runs:
             return
         start = time.perf_counter()
-        if keys:
-            plan = StepPlan.build(keys, tags, self._gdro_schedule, self._read_extra_fields("train"), self._n_mean)
-            self._gdro_evicted.append(plan)
-        empty = uids - {split_trajectory_key(k)[0] for k in keys}
-        self._gdro_evicted_lost.extend(self._gdro_schedule.take(sorted(empty)).values())
+        read = self._read_extra_fields("train")
+        self._gdro_schedule.evict(uids, keys, tags, read, self.gdro_config.rollout.n_mean)
         self._gdro_schedule.seconds += time.perf_counter() - start
-
-    @property
-    def _n_mean(self) -> float:
-        return self.gdro_config.rollout.n_mean
 
     @staticmethod
     def _read_extra_fields(partition_id: str):
@@ -298,8 +287,8 @@ class GDROTrainerMixin:
         read = self._read_extra_fields(batch.partition_id)
         plan = StepPlan.build(batch.keys, batch.tags, self._gdro_schedule, read, config.rollout.n_mean)
         adjust = config.prompt.enable or (config.enabled and bool(plan.session_singleton.any()))
-        lost, self._gdro_evicted_lost = [*self._gdro_evicted_lost, *self._gdro_lost_groups()], []
-        evicted, self._gdro_evicted = self._gdro_evicted, []
+        evicted, lost = self._gdro_schedule.take_evicted()
+        lost = [*lost, *self._gdro_lost_groups()]
         step = GDROStep(
             plan, adjust, zero_singletons=config.enabled, lost=lost, evicted=evicted, train_step=int(self.global_steps)
         )
@@ -402,7 +391,7 @@ class GDROTrainerMixin:
         # checkpoint that resume can find always has its gdro_state.pkl.
         if self.gdro_runs:
             path = os.path.join(self.config.trainer.default_local_dir, step_folder_name(step), GDRO_STATE_FILE)
-            if self._gdro_evicted or self._gdro_evicted_lost:
+            if self._gdro_schedule.evicted or self._gdro_schedule.evicted_lost:
                 logger.warning("GDRO: groups evicted since the last trained batch are not in the saved state")
             save_gdro_state(self.gdro, path, self._dataset_facts(), self._gdro_schedule.state_dict())
             logger.info("GDRO state saved to %s", path)
@@ -479,16 +468,21 @@ class GDROAsyncMixin(GDROTrainerMixin):
         return int(self.config.data.train_batch_size) // int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
 
     def _get_required_batch_multiple(self, dp_size: int) -> int:
+        """dp · K, times the micro-batches verl's own batch would fill whole on each rank: the actor's micro-batch
+        (of GRPO's ``ppo_mini_batch_size · n̄ / dp`` rows) in each of the K mini-batches, the log-prob passes' (of
+        its ``train_batch_size · n̄ / dp``); without dynamic batching only, as verl's engine cuts by them."""
         if not self.gdro_runs or self.use_critic:
             return super()._get_required_batch_multiple(dp_size)
-        ref = self.config.actor_rollout_ref
+        ref, n = self.config.actor_rollout_ref, int(self.config.actor_rollout_ref.rollout.n)
+        grpo_mini = int(ref.actor.ppo_mini_batch_size) * n // dp_size
+        grpo_batch = int(self.config.data.train_batch_size) * n // dp_size
         per_rank = self._gdro_optimizer_steps()
-        if not ref.actor.use_dynamic_bsz:  # each of the K mini-batches a whole number of micro-batches
-            per_rank *= int(ref.actor.ppo_micro_batch_size_per_gpu)
-        for section in (ref.rollout, ref.ref):  # the log-prob passes' micro-batches
+        if not ref.actor.use_dynamic_bsz:
+            per_rank *= math.gcd(int(ref.actor.ppo_micro_batch_size_per_gpu), grpo_mini)
+        for section in (ref.rollout, ref.ref):
             micro = section.get("log_prob_micro_batch_size_per_gpu")
             if micro and not section.get("log_prob_use_dynamic_bsz", False):
-                per_rank = math.lcm(per_rank, int(micro))
+                per_rank = math.lcm(per_rank, math.gcd(int(micro), grpo_batch))
         return dp_size * per_rank
 
     def _update_actor(self, batch, metrics: dict):

@@ -71,6 +71,9 @@ class GroupSchedule:
     fetch-side metrics and driver time accrued since the last step's metrics were taken."""
 
     groups: OrderedDict[str, ScheduledGroup] = field(default_factory=OrderedDict)
+    # taken out by an eviction (verl's replay buffer), observed with the next trained batch:
+    evicted: list[StepPlan] = field(default_factory=list)  # the evicted groups with trajectories
+    evicted_lost: list[ScheduledGroup] = field(default_factory=list)  # those with none (every session failed)
     fetches: int = 0
     fetch_metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
@@ -109,6 +112,21 @@ class GroupSchedule:
                 f"(first uid {missing[0]!r}); a custom sampler or refill path bypassed _next_train_batch"
             )
         return {u: self.groups.pop(u) for u in dict.fromkeys(uids)}
+
+    def evict(self, uids: set[str], keys: list[str], tags: list[dict], read_extra_fields, n_mean: float) -> None:
+        """verl evicts the groups ``uids`` (their trajectories ``keys`` / ``tags``): each leaves the map, its realised
+        size checked, and waits in :attr:`evicted` (or, with no trajectory, :attr:`evicted_lost`) for the next
+        trained batch."""
+        if keys:
+            self.evicted.append(StepPlan.build(keys, tags, self, read_extra_fields, n_mean))
+        empty = uids - {split_trajectory_key(k)[0] for k in keys}
+        self.evicted_lost.extend(self.take(sorted(empty)).values())
+
+    def take_evicted(self) -> tuple[list[StepPlan], list[ScheduledGroup]]:
+        """The evicted groups since the last call (with trajectories, without), reset."""
+        taken = (self.evicted, self.evicted_lost)
+        self.evicted, self.evicted_lost = [], []
+        return taken
 
     def drop(self, fetched_at_or_before: int) -> list[ScheduledGroup]:
         """Remove and return the groups fetched at or before that global step (groups that will not arrive)."""

@@ -82,8 +82,8 @@ def train(t, uids: list[str]) -> GDROStep:
     evicted groups since the last step, one observe."""
     keys, tags = trajectories(t, uids)
     plan = StepPlan.build(keys, tags, t._gdro_schedule, reader, N_MEAN)
-    evicted, t._gdro_evicted = t._gdro_evicted, []
-    step = GDROStep(plan, adjust=False, zero_singletons=True, evicted=evicted, train_step=int(t.global_steps))
+    evicted, lost = t._gdro_schedule.take_evicted()
+    step = GDROStep(plan, False, True, lost=lost, evicted=evicted, train_step=int(t.global_steps))
     step.observe(t.gdro, np.ones(len(plan.session_uids)))
     step.finish(t.gdro, *t._gdro_schedule.take_fetch_side())
     return step
@@ -146,7 +146,7 @@ def test_an_evicted_group_with_no_trajectory_is_lost_not_dropped_later(trainer):
     (uid,) = dispatch(t, [5])
     t._gdro_on_evict({uid}, [], [])
     assert uid not in t._gdro_schedule.groups
-    assert [g.prompt_id for g in t._gdro_evicted_lost] == [5]
+    assert [g.prompt_id for g in t._gdro_schedule.evicted_lost] == [5]
     assert t._gdro_lost_groups() == []  # the asynchronous trainers give no group up by age
 
 
@@ -186,6 +186,10 @@ def test_each_actor_update_keeps_grpos_optimizer_steps(trainer):
     t = trainer
     assert t._get_required_batch_multiple(1) == 2 * 2  # K = 4 / 2 mini-batches of whole micro-batches of 2
     assert t._get_required_batch_multiple(2) == 8
+    # a micro-batch larger than GRPO's mini-batch (the in-process CPU backend's 128) pads no further than verl would
+    t.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 128
+    assert t._get_required_batch_multiple(1) == 2 * 8
+    t.config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 2
     sent = []
 
     class ActorWorkers:  # the GPU worker group's one call, recorded (its extra_info as Ray pickles it)
