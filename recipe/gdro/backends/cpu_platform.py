@@ -352,7 +352,7 @@ def _patch_vllm_dispatch(vllm_layer_utils) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Shim 4: verl's abort and vLLM 0.32's pause_generation (colocate_async)
+# Shim: verl's abort and vLLM 0.32's pause_generation (colocate_async; shim_vllm_pause_generation)
 # ---------------------------------------------------------------------------------------------------
 def shim_vllm_pause_generation() -> None:
     """verl 0.9.1's ``vLLMHttpServer.abort_all_requests`` (verl/workers/rollout/vllm_rollout/vllm_async_server.py:

