@@ -35,6 +35,7 @@ _SKIPS: list[tuple[str, str]] = []
 LONGEST_FILES = (
     "tests/gdro/test_real_path.py",
     "tests/gdro/test_real_path_async.py",
+    "tests/gdro/test_async_evictions.py",
     "tests/gdro/lab/backends/test_cpu_backend.py",
     "tests/gdro/test_weight_sync.py",
     "tests/run_scripts/test_signals.py",
