@@ -6,7 +6,8 @@ the new weights) and a warm-up window of one batch, so every step trains groups 
 One launch is stopped by SIGTERM in step 5, after the checkpoint of step 4 (which holds the warm-up window's groups
 in flight); the same command resumes it to step 8. Every check reads what the two launches wrote: the metrics file
 (steps 1-4 of the first, 5-8 of the resume), verl's rollout dump, the checkpoint and the resume record.
-Cost: two launches, 282 s here (110 s to the step-4 save, 15 s to stop, 155 s to resume to step 8; printed with -s).
+Cost: two launches, 225-282 s here (102-110 s to the step-4 save, 14-15 s to stop, 107-155 s to resume to step 8;
+printed with -s).
 """
 
 from __future__ import annotations
