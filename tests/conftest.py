@@ -34,6 +34,8 @@ _SKIPS: list[tuple[str, str]] = []
 # short ones fill in around them, instead of one worker finishing a long file alone at the end.
 LONGEST_FILES = (
     "tests/gdro/test_real_path.py",
+    "tests/gdro/test_real_path_async.py",
+    "tests/gdro/test_async_evictions.py",
     "tests/gdro/lab/backends/test_cpu_backend.py",
     "tests/gdro/test_weight_sync.py",
     "tests/run_scripts/test_signals.py",

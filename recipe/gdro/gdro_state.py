@@ -14,7 +14,13 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 from recipe.gdro.checkpoints import GDRO_RESUME_RECORD, GDRO_STATE_FILE, checkpoint_folders
 from recipe.gdro.results.metrics_io import rewind_metrics_jsonl
 from recipe.gdro.startup.environment import VERL_FILE_LOGGER_PATH_ENV, VERL_FILE_LOGGER_ROOT_ENV
-from recipe.gdro.startup.resume import DATASET_STATE_KEY, RESTART_CONTROLLER_KEY, changed_settings, read_saved_state
+from recipe.gdro.startup.resume import (
+    DATASET_STATE_KEY,
+    INFLIGHT_STATE_KEY,
+    RESTART_CONTROLLER_KEY,
+    changed_settings,
+    read_saved_state,
+)
 from verl_ext import gdro_config_to_dict
 from verl_ext.controller import state_fingerprint
 
@@ -69,11 +75,18 @@ def rewind_metrics(metrics_path: str | None, step: int) -> None:
             logger.info("GDRO: dropped %d metrics lines after step %d from %s", dropped, step, metrics_path)
 
 
-def restore_controller(controller, gdro_config, trainer_config, step: int, restart: bool) -> None:
-    """verl resumed at ``step`` (> 0): restore the controller from the resume folder's ``gdro_state.pkl``, warn
-    about changed settings and a step mismatch, and record what was restored (:func:`record_restored_state`).
-    With ``restart`` (``gdro.restart_controller``) the controller starts afresh; one warning says so."""
+def restore_controller(controller, gdro_config, trainer_config, step: int, restart: bool, schedule=None) -> None:
+    """verl resumed at ``step`` (> 0): restore the controller from the resume folder's ``gdro_state.pkl`` (and
+    ``schedule``, the trainer's groups in flight, when the file holds them), warn about changed settings and a
+    step mismatch, and record what was restored (:func:`record_restored_state`). With ``restart``
+    (``gdro.restart_controller``) the controller starts afresh; one warning says so (the groups in flight are
+    still restored: verl re-issues them with the counts they were scheduled)."""
     folder = resume_folder(trainer_config)
+    path = os.path.join(folder, GDRO_STATE_FILE) if folder else None
+    if schedule is not None and path is not None and os.path.exists(path):
+        inflight = read_saved_state(path).get(INFLIGHT_STATE_KEY)
+        if inflight is not None:
+            schedule.load_state_dict(inflight)
     if restart:
         logger.warning(
             "GDRO: %s=true: resumed verl's checkpoint %s at step %d; the GDRO controller starts afresh (its saved "
@@ -83,7 +96,6 @@ def restore_controller(controller, gdro_config, trainer_config, step: int, resta
             step,
         )
         return
-    path = os.path.join(folder, GDRO_STATE_FILE) if folder else None
     if path is None or not os.path.exists(path):
         raise RuntimeError(
             f"GDRO: resuming from {folder} (global step {step}) but {GDRO_STATE_FILE} is missing "
@@ -102,10 +114,15 @@ def restore_controller(controller, gdro_config, trainer_config, step: int, resta
             "GDRO: restored controller has observed %d steps but verl resumes at global step %d", controller.step, step
         )
     logger.info("GDRO state restored from %s (controller step %d)", path, controller.step)
-    record_restored_state(controller, state.get(DATASET_STATE_KEY), path, step, trainer_config.default_local_dir)
+    inflight = schedule.state_dict() if schedule is not None and INFLIGHT_STATE_KEY in state else None
+    record_restored_state(
+        controller, state.get(DATASET_STATE_KEY), path, step, trainer_config.default_local_dir, inflight
+    )
 
 
-def record_restored_state(controller, saved_dataset: dict | None, path: str, step: int, root: str) -> None:
+def record_restored_state(
+    controller, saved_dataset: dict | None, path: str, step: int, root: str, inflight: dict | None = None
+) -> None:
     """Append to ``<default_local_dir>/gdro_resume.jsonl`` what was restored: the step, the file and a
     digest of every field of the controller state as loaded and of the training prompts' facts saved with
     it (verl_ext.controller.state_fingerprint), so a restore can be checked field by field against the
@@ -113,6 +130,8 @@ def record_restored_state(controller, saved_dataset: dict | None, path: str, ste
     restored = controller.state_dict()
     if saved_dataset is not None:  # the training prompts' facts saved with it
         restored[DATASET_STATE_KEY] = saved_dataset
+    if inflight is not None:  # the groups in flight, as the trainer's schedule holds them now
+        restored[INFLIGHT_STATE_KEY] = inflight
     record = {"resumed_at_step": int(step), "state_file": path, "fields": state_fingerprint(restored)}
     os.makedirs(root, exist_ok=True)  # may not exist yet (resumed from a path elsewhere)
     with open(os.path.join(root, GDRO_RESUME_RECORD), "a") as f:

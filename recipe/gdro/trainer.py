@@ -3,19 +3,27 @@
 :class:`GDROTrainerMixin` goes in front of a trainer registered in verl's registry (a subclass of verl's
 ``PPOTrainer``); verl's ``fit`` / ``step`` loop is used unchanged. :class:`GDROTrainerSync` puts it on
 ``PPOTrainerSync`` (registered as ``gdro_sync``) and holds the one sync-only fact: a group not back by the end
-of the step that fetched it never arrives (and overrides verl's ``trainer_mode``). The mixin overrides
-``__init__`` and 12 of verl's methods: the 3 public hooks ``on_init_end``, ``on_validate_begin``,
-``on_train_begin`` and 9 private methods no public hook replaces:
+of the step that fetched it never arrives. :class:`GDROAsyncMixin` puts it on verl's ``colocate_async`` and
+``separate_async`` trainers (``gdro_colocate_async``, ``gdro_separate_async``) and adds the actor update's
+optimizer-step count (``_get_required_batch_multiple``, ``_update_actor``). The mixin overrides ``__init__``,
+verl's ``trainer_mode`` (a property: verl's mode, while the config holds the registry key) and 13 of verl's
+methods: the 3 public hooks ``on_init_end``, ``on_validate_begin``, ``on_train_begin`` and 10 private methods no
+public hook replaces:
 
 ``_init_dataloader``
     after verl builds the datasets, validates the training prompts' ``extra_info.index`` (unique
     integers) and builds the :class:`verl_ext.GDROController` with ``num_prompts = max id + 1``.
+``_build_replay_buffer``
+    on an asynchronous loop, every group verl's replay buffer evicts (stale, failed) is handed over before
+    TransferQueue forgets it (:func:`~recipe.gdro.trainer_step.observe_evictions`): it leaves the schedule, its
+    size checked, and is observed once with the next trained batch (:meth:`GDROTrainerMixin._gdro_on_evict`).
 ``_next_train_batch``
     after verl fetches prompts (and gives each a fresh ``uid``), asks the controller for each prompt's
     rollout count, writes it to the per-prompt ``__rollout_n__`` field that verl's ``AgentLoopWorkerTQ``
     reads, and records ``uid -> (prompt id, count, fetch step, visit)`` in a :class:`GroupSchedule` that lives
-    until the group is observed (or given up: :meth:`GDROTrainerMixin._gdro_lost_groups`). Σ n = B · n̄
-    exactly, so ``_balance_batch`` adds no padding. A prompt fetched twice in one step (verl restarts the
+    until the group is trained or evicted (or, on sync, lost: :meth:`GDROTrainerMixin._gdro_lost_groups`). Each
+    dispatch (a step's batch, verl's warm-up window or refill) has Σ n = k · n̄ exactly, so on sync
+    ``_balance_batch`` adds no padding. A prompt fetched twice in one step (verl restarts the
     dataloader at an epoch boundary inside the step when ``data.gen_batch_size`` < ``train_batch_size``) is
     two visits: two uids, each scheduled, weighted and recorded.
 ``_compute_advantage``
@@ -28,8 +36,8 @@ of the step that fetched it never arrives (and overrides verl's ``trainer_mode``
     multiplied by its weight before verl's single TransferQueue put: the recipe adds no write. Otherwise the
     controller observes after verl's stage. Padding rows (``is_padding``) are skipped.
 ``_save_checkpoint`` / ``_load_checkpoint``
-    the complete controller state is saved atomically as ``global_step_N/gdro_state.pkl`` next to verl's own
-    checkpoint and restored by verl's resume (:mod:`recipe.gdro.gdro_state`). After each save, verl's
+    the complete controller state and the groups in flight are saved atomically as ``global_step_N/gdro_state.pkl``
+    next to verl's own checkpoint and restored by verl's resume (:mod:`recipe.gdro.gdro_state`). After each save, verl's
     ``trainer.max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` are applied to the ``global_step_K``
     folders this process saved; the folder it resumed from and every other folder on disk are never deleted,
     and a failed delete is logged, never raised (:mod:`recipe.gdro.checkpoints`). On a resume, verl's file log
@@ -53,6 +61,7 @@ when GDRO does not run (:attr:`GDROTrainerMixin.gdro_runs` false) every override
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 
@@ -62,6 +71,8 @@ import verl.trainer.ppo.v1.trainer_base as verl_trainer_base
 from omegaconf import DictConfig
 from tensordict import NonTensorData, NonTensorStack, TensorDict
 from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
 from recipe.gdro import gdro_state
@@ -82,7 +93,16 @@ from recipe.gdro.startup.checks import (
     prompt_ids_of_table,
 )
 from recipe.gdro.startup.resume import save_gdro_state
-from recipe.gdro.trainer_step import ROLLOUT_N_FIELD, GDROStep, GroupSchedule, StepPlan, inside_verl_advantage
+from recipe.gdro.trainer_step import (
+    ROLLOUT_N_FIELD,
+    GDROStep,
+    GroupSchedule,
+    PinnedExtraInfo,
+    StepPlan,
+    inside_verl_advantage,
+    observe_evictions,
+    rows_per_update,
+)
 from recipe.gdro.weight_sync import bounded_weight_sync, weight_sync_timeout
 from verl_ext import GDROController, check_prompt_ids
 
@@ -93,9 +113,18 @@ logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 class GDROTrainerMixin:
     """The GDRO controller on a verl v1 ``PPOTrainer`` (see the module docstring); relies on no sync-only fact."""
 
-    # A group not observed this many global steps after its fetch is given up (counted in failed_groups): the
-    # bound on the schedule for trainers whose groups arrive steps late. GDROTrainerSync gives up at step end.
-    gdro_max_group_age = 8
+    verl_mode = SUPPORTED_TRAINER_MODE  # the verl mode whose loop the trainer runs (its registry key is verl's)
+
+    @property
+    def trainer_mode(self) -> str:
+        """verl's mode whose loop this trainer runs (:attr:`verl_mode`). verl's base class branches on
+        ``self.trainer_mode == "sync"`` (replay buffer, refill, checkpoint, re-issue) and reads
+        ``trainer.v1.<mode>``; the config's ``trainer.v1.trainer_mode`` holds the recipe's registry key instead."""
+        return self.verl_mode
+
+    @trainer_mode.setter
+    def trainer_mode(self, key: str) -> None:
+        self.trainer_key = key  # PPOTrainer.__init__ assigns trainer.v1.trainer_mode, the registry key
 
     def __init__(self, config: DictConfig):
         """The GDRO config comes from ``config._gdro_checked``: what the launch (``main_gdro``) checked once
@@ -219,10 +248,35 @@ class GDROTrainerMixin:
         self._gdro_schedule.seconds += time.perf_counter() - start
         return batch
 
+    def _build_replay_buffer(self):
+        """verl's replay buffer; on an asynchronous loop, with every group it evicts handed to
+        :meth:`_gdro_on_evict` first (sync evicts only groups with no trajectory, lost at the step's end)."""
+        buffer = super()._build_replay_buffer()
+        return buffer if self.verl_mode == SUPPORTED_TRAINER_MODE else observe_evictions(buffer, self._gdro_on_evict)
+
+    def _gdro_on_evict(self, uids: set, keys: list, tags: list) -> None:
+        """verl's replay buffer evicts ``uids`` (stale, failed; trajectories ``keys``): each group leaves the schedule
+        here, its realised size checked, and its outcomes are observed with the next trained batch (|A| = 0, no
+        multiplier: evidence of the prompt's difficulty, no gradient). A group with no trajectory is lost."""
+        if not self.gdro_runs:
+            return
+        start = time.perf_counter()
+        read = self._read_extra_fields("train")
+        self._gdro_schedule.evict(uids, keys, tags, read, self.gdro_config.rollout.n_mean)
+        self._gdro_schedule.seconds += time.perf_counter() - start
+
+    @staticmethod
+    def _read_extra_fields(partition_id: str):
+        def read(keys: list[str]) -> list:
+            data = tq.kv_batch_get(keys=keys, partition_id=partition_id, select_fields=["extra_fields"])
+            return list(data["extra_fields"])
+
+        return read
+
     def _gdro_lost_groups(self) -> list:
-        """Scheduled groups that will not arrive any more (after this step's were taken out): those fetched more
-        than :attr:`gdro_max_group_age` steps ago. A subclass that knows more (the sync trainer) overrides it."""
-        return self._gdro_schedule.drop(int(self.global_steps) - self.gdro_max_group_age)
+        """Scheduled groups that will not arrive any more, besides the evicted ones: none (every group leaves the
+        schedule trained or evicted, so an in-flight group is never dropped). The sync trainer overrides it."""
+        return []
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage stage with the GDRO controller fed, and Prompt-GDRO's weights applied in it (no
@@ -230,14 +284,14 @@ class GDROTrainerMixin:
         if not self.gdro_runs:
             return super()._compute_advantage(batch, metrics)
         start, config = time.perf_counter(), self.gdro_config
-
-        def read_extra_fields(keys: list[str]) -> list:
-            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-            return list(data["extra_fields"])
-
-        plan = StepPlan.build(batch.keys, batch.tags, self._gdro_schedule, read_extra_fields, config.rollout.n_mean)
+        read = self._read_extra_fields(batch.partition_id)
+        plan = StepPlan.build(batch.keys, batch.tags, self._gdro_schedule, read, config.rollout.n_mean)
         adjust = config.prompt.enable or (config.enabled and bool(plan.session_singleton.any()))
-        step = GDROStep(plan, adjust=adjust, zero_singletons=config.enabled, lost=self._gdro_lost_groups())
+        evicted, lost = self._gdro_schedule.take_evicted()
+        lost = [*lost, *self._gdro_lost_groups()]
+        step = GDROStep(
+            plan, adjust, zero_singletons=config.enabled, lost=lost, evicted=evicted, train_step=int(self.global_steps)
+        )
         step.seconds += time.perf_counter() - start
         with inside_verl_advantage(step.in_advantage_stage(self.gdro, config.prompt.enable)) as ran:
             batch = super()._compute_advantage(batch, metrics)
@@ -257,7 +311,17 @@ class GDROTrainerMixin:
             step.seconds += time.perf_counter() - start
         self._gdro_step = step
         metrics.update(step.finish(self.gdro, *self._gdro_schedule.take_fetch_side()))
+        inflight, bound = len(self._gdro_schedule.groups), self._gdro_inflight_bound()
+        if bound is not None and inflight > bound:
+            raise RuntimeError(
+                f"GDRO: {inflight} dispatched groups were neither trained nor evicted (verl keeps at most {bound} in "
+                "flight): a path removed groups from TransferQueue without verl's replay buffer"
+            )
+        metrics["gdro/recipe/inflight_groups"] = step.metrics["gdro/recipe/inflight_groups"] = float(inflight)
         return batch
+
+    def _gdro_inflight_bound(self) -> int | None:
+        return None
 
     def _dump_generations(self, inputs, outputs, gts, scores, reward_extra_infos_dict, dump_path):
         """verl's rollout dump (``trainer.rollout_data_dir``) gains ``gdro_multiplier``: the factor GDRO applied
@@ -327,7 +391,9 @@ class GDROTrainerMixin:
         # checkpoint that resume can find always has its gdro_state.pkl.
         if self.gdro_runs:
             path = os.path.join(self.config.trainer.default_local_dir, step_folder_name(step), GDRO_STATE_FILE)
-            save_gdro_state(self.gdro, path, self._dataset_facts())
+            if self._gdro_schedule.evicted or self._gdro_schedule.evicted_lost:
+                logger.warning("GDRO: groups evicted since the last trained batch are not in the saved state")
+            save_gdro_state(self.gdro, path, self._dataset_facts(), self._gdro_schedule.state_dict())
             logger.info("GDRO state saved to %s", path)
         super()._save_checkpoint()
         # From here the save is good: it is this process's (retention may delete it once the limit
@@ -368,25 +434,16 @@ class GDROTrainerMixin:
             gdro_state.move_aside_metrics_file(self.gdro_metrics_path())
             return
         restart = self.gdro_checked.restart_controller
-        gdro_state.restore_controller(self.gdro, self.gdro_config, self.config.trainer, step, restart)
+        gdro_state.restore_controller(
+            self.gdro, self.gdro_config, self.config.trainer, step, restart, self._gdro_schedule
+        )
         gdro_state.rewind_metrics(self.gdro_metrics_path(), step)
 
 
 class GDROTrainerSync(GDROTrainerMixin, PPOTrainerSync):
     """:class:`GDROTrainerMixin` on verl's synchronous v1 trainer, registered in verl's trainer registry as
-    ``gdro_sync`` (the recipe's ``trainer.v1.trainer_mode``) when this module is imported; the Ray TaskRunner's
-    module (recipe.gdro.task_runner) imports it, so every process that looks the key up has it."""
-
-    @property
-    def trainer_mode(self) -> str:
-        """verl's mode whose loop this trainer runs: ``sync``. verl's base class branches on
-        ``self.trainer_mode == "sync"`` (replay buffer, refill, checkpoint) and reads ``trainer.v1.sync``;
-        the config's ``trainer.v1.trainer_mode`` holds the registry key (``gdro_sync``) instead."""
-        return SUPPORTED_TRAINER_MODE
-
-    @trainer_mode.setter
-    def trainer_mode(self, key: str) -> None:
-        self.trainer_key = key  # PPOTrainer.__init__ assigns trainer.v1.trainer_mode, the registry key
+    ``gdro_sync`` (the recipe's default ``trainer.v1.trainer_mode``) when this module is imported; the Ray
+    TaskRunner's module (recipe.gdro.task_runner) imports it, so every process that looks the key up has it."""
 
     def _gdro_lost_groups(self) -> list:
         """Sync: every group is trained in the step that fetched it, so a group of this step (or an earlier one)
@@ -394,7 +451,86 @@ class GDROTrainerSync(GDROTrainerMixin, PPOTrainerSync):
         return self._gdro_schedule.drop(int(self.global_steps))
 
 
-# verl's registry (verl.trainer.ppo.v1.register_trainer): the recipe's trainer under its own key ("sync" is
-# PPOTrainerSync's). Guarded: importing this module again (a reload) keeps the first registration.
-if GDRO_TRAINER_MODE not in verl_trainer_base.TRAINER_REGISTRY:
-    verl_trainer_base.register_trainer(GDRO_TRAINER_MODE)(GDROTrainerSync)
+class GDROAsyncMixin(GDROTrainerMixin):
+    """:class:`GDROTrainerMixin` on one of verl's asynchronous trainers (``colocate_async``, ``separate_async``):
+    a trained batch is ``train_batch_size`` groups that finished, dispatched at earlier steps, so its rows are not
+    B·n̄. Each dispatch still schedules Σn = k·n̄ (:meth:`GroupSchedule.add` refuses any other), and each actor
+    update keeps uniform GRPO's number of optimizer steps, K = ``train_batch_size / ppo_mini_batch_size`` per
+    epoch, each over 1/K of the batch's rows, whatever they are (verl cuts ``ppo_mini_batch_size · rollout.n``
+    rows a mini-batch, so its count would follow the rows). Padding: verl's ``_balance_batch`` pads the rows to a
+    multiple of dp · K (· the micro-batch size without dynamic batching) instead of lcm(dp,
+    ``ppo_mini_batch_size · rollout.n``); ``gdro/recipe/padding_rows`` logs it. The groups in flight are bounded by
+    what verl keeps in flight (the warm-up window and a step's dispatch); a larger schedule is a bookkeeping error
+    and stops the run."""
+
+    def _gdro_optimizer_steps(self) -> int:
+        """K: the actor updates of a step per epoch, as uniform GRPO's (``train_batch_size / ppo_mini_batch_size``)."""
+        return int(self.config.data.train_batch_size) // int(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
+
+    def _get_required_batch_multiple(self, dp_size: int) -> int:
+        """dp · K, times the micro-batches verl's own batch would fill whole on each rank: the actor's micro-batch
+        (of GRPO's ``ppo_mini_batch_size · n̄ / dp`` rows) in each of the K mini-batches, the log-prob passes' (of
+        its ``train_batch_size · n̄ / dp``); without dynamic batching only, as verl's engine cuts by them."""
+        if not self.gdro_runs or self.use_critic:
+            return super()._get_required_batch_multiple(dp_size)
+        ref, n = self.config.actor_rollout_ref, int(self.config.actor_rollout_ref.rollout.n)
+        grpo_mini = int(ref.actor.ppo_mini_batch_size) * n // dp_size
+        grpo_batch = int(self.config.data.train_batch_size) * n // dp_size
+        per_rank = self._gdro_optimizer_steps()
+        if not ref.actor.use_dynamic_bsz:
+            per_rank *= math.gcd(int(ref.actor.ppo_micro_batch_size_per_gpu), grpo_mini)
+        for section in (ref.rollout, ref.ref):
+            micro = section.get("log_prob_micro_batch_size_per_gpu")
+            if micro and not section.get("log_prob_use_dynamic_bsz", False):
+                per_rank = math.lcm(per_rank, math.gcd(int(micro), grpo_batch))
+        return dp_size * per_rank
+
+    def _update_actor(self, batch, metrics: dict):
+        """verl's actor update with the rows of each of the K mini-batches set to 1/K of the batch (the one
+        :class:`~recipe.gdro.trainer_step.PinnedExtraInfo` seam; verl builds and sends everything else)."""
+        if not self.gdro_runs:
+            return super()._update_actor(batch, metrics)
+        steps = self._gdro_optimizer_steps()
+        rows = rows_per_update(len(batch), steps)
+        batch.extra_info = PinnedExtraInfo(batch.extra_info, {"mini_batch_size": rows, "global_batch_size": rows})
+        try:
+            batch = super()._update_actor(batch, metrics)
+        finally:
+            batch.extra_info = dict(batch.extra_info)
+        done = {
+            "gdro/recipe/optimizer_steps": float(steps * int(self.config.actor_rollout_ref.actor.ppo_epochs)),
+            "gdro/recipe/rows_per_optimizer_step": float(rows),
+        }
+        metrics.update(done)
+        if self._gdro_step is not None:
+            self._gdro_step.metrics.update(done)
+        return batch
+
+    def _gdro_inflight_bound(self) -> int | None:
+        """What verl keeps in flight after a trained batch left: the warm-up window and one step's dispatch."""
+        B = int(self.config.data.train_batch_size)
+        warmup = float(self.config.trainer.v1.get(self.trainer_mode, {}).get("num_warmup_batches", 0) or 0)
+        return (math.ceil(warmup) + 2) * B
+
+
+class GDROTrainerColocateAsync(GDROAsyncMixin, PPOTrainerColocateAsync):
+    """:class:`GDROAsyncMixin` on verl's ``colocate_async`` trainer (``gdro_colocate_async``)."""
+
+    verl_mode = "colocate_async"
+
+
+class GDROTrainerSeparateAsync(GDROAsyncMixin, PPOTrainerSeparateAsync):
+    """:class:`GDROAsyncMixin` on verl's ``separate_async`` trainer (``gdro_separate_async``)."""
+
+    verl_mode = "separate_async"
+
+
+# verl's registry (verl.trainer.ppo.v1.register_trainer): the recipe's trainers under their own keys (verl's own
+# "sync", "colocate_async", "separate_async" are verl's). Guarded: importing this module again keeps the first.
+for _key, _cls in (
+    (GDRO_TRAINER_MODE, GDROTrainerSync),
+    ("gdro_colocate_async", GDROTrainerColocateAsync),
+    ("gdro_separate_async", GDROTrainerSeparateAsync),
+):
+    if _key not in verl_trainer_base.TRAINER_REGISTRY:
+        verl_trainer_base.register_trainer(_key)(_cls)

@@ -71,17 +71,32 @@ class GroupSchedule:
     fetch-side metrics and driver time accrued since the last step's metrics were taken."""
 
     groups: OrderedDict[str, ScheduledGroup] = field(default_factory=OrderedDict)
+    # taken out by an eviction (verl's replay buffer), observed with the next trained batch:
+    evicted: list[StepPlan] = field(default_factory=list)  # the evicted groups with trajectories
+    evicted_lost: list[ScheduledGroup] = field(default_factory=list)  # those with none (every session failed)
     fetches: int = 0
     fetch_metrics: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
 
     def add(self, uids: Sequence[str], pids: np.ndarray, counts: np.ndarray, step: int, n_mean: float) -> None:
+        """Record one dispatch (``_next_train_batch``: a step's batch, the warm-up window or a refill). Its counts
+        must sum to len(uids) · n̄ exactly (the controller's schedule guarantees it; a dispatch that does not is
+        refused here, before generation)."""
+        gap = float(counts.sum()) - len(uids) * n_mean
+        if gap != 0:
+            raise RuntimeError(
+                f"GDRO: a dispatch of {len(uids)} prompts was scheduled {int(counts.sum())} rollouts, not "
+                f"{len(uids)} x n̄={n_mean}: the per-dispatch budget Σn = B·n̄ does not hold"
+            )
         for uid, pid, n in zip(uids, pids.tolist(), counts.tolist(), strict=True):
             if "_" in uid:
                 raise RuntimeError(f"uid {uid!r} contains '_', which breaks verl's trajectory keys")
+            if uid in self.groups:
+                raise RuntimeError(f"GDRO: uid {uid!r} dispatched twice")
             self.groups[uid] = ScheduledGroup(int(pid), int(n), int(step), self.fetches)
             self.fetches += 1
         p = self.fetch_metrics
+        p["gdro/recipe/dispatches"] = p.get("gdro/recipe/dispatches", 0.0) + 1.0
         p["gdro/recipe/prompts"] = p.get("gdro/recipe/prompts", 0.0) + float(len(pids))
         p["gdro/recipe/scheduled_rollouts"] = p.get("gdro/recipe/scheduled_rollouts", 0.0) + float(counts.sum())
         p["gdro/recipe/budget_target"] = p.get("gdro/recipe/budget_target", 0.0) + float(len(pids) * n_mean)
@@ -98,6 +113,21 @@ class GroupSchedule:
             )
         return {u: self.groups.pop(u) for u in dict.fromkeys(uids)}
 
+    def evict(self, uids: set[str], keys: list[str], tags: list[dict], read_extra_fields, n_mean: float) -> None:
+        """verl evicts the groups ``uids`` (their trajectories ``keys`` / ``tags``): each leaves the map, its realised
+        size checked, and waits in :attr:`evicted` (or, with no trajectory, :attr:`evicted_lost`) for the next
+        trained batch."""
+        if keys:
+            self.evicted.append(StepPlan.build(keys, tags, self, read_extra_fields, n_mean))
+        empty = uids - {split_trajectory_key(k)[0] for k in keys}
+        self.evicted_lost.extend(self.take(sorted(empty)).values())
+
+    def take_evicted(self) -> tuple[list[StepPlan], list[ScheduledGroup]]:
+        """The evicted groups since the last call (with trajectories, without), reset."""
+        taken = (self.evicted, self.evicted_lost)
+        self.evicted, self.evicted_lost = [], []
+        return taken
+
     def drop(self, fetched_at_or_before: int) -> list[ScheduledGroup]:
         """Remove and return the groups fetched at or before that global step (groups that will not arrive)."""
         gone = [u for u, g in self.groups.items() if g.step <= fetched_at_or_before]
@@ -108,6 +138,24 @@ class GroupSchedule:
         taken = (self.fetch_metrics, self.seconds)
         self.fetch_metrics, self.seconds = {}, 0.0
         return taken
+
+    def state_dict(self) -> dict[str, Any]:
+        """The groups in flight (dispatched, not yet trained or evicted) as arrays, in dispatch order, and the
+        fetch counter: what a resume needs to find the counts of the prompts verl re-issues."""
+        g = list(self.groups.values())
+        return {
+            "uids": list(self.groups),
+            "prompt_id": np.array([x.prompt_id for x in g], dtype=np.int64),
+            "count": np.array([x.count for x in g], dtype=np.int64),
+            "step": np.array([x.step for x in g], dtype=np.int64),
+            "visit": np.array([x.visit for x in g], dtype=np.int64),
+            "fetches": int(self.fetches),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rows = zip(state["uids"], state["prompt_id"], state["count"], state["step"], state["visit"], strict=True)
+        self.groups = OrderedDict((u, ScheduledGroup(int(p), int(n), int(s), int(v))) for u, p, n, s, v in rows)
+        self.fetches = int(state["fetches"])
 
 
 @dataclass
@@ -127,6 +175,15 @@ class StepPlan:
     repeated_prompts: int  # groups whose prompt already has another group in this batch
     session_singleton: np.ndarray  # session -> its group holds one response (the others failed)
     row_response_len: np.ndarray  # batch row -> verl's ``response_len`` tag (NaN if absent)
+    group_fetch_step: np.ndarray  # the global step each group of the batch was dispatched at
+    scheduled_rollouts: int  # Σ of the batch's groups' scheduled counts
+
+    def session_tokens_from_tags(self) -> np.ndarray:
+        """Each session's generated tokens from verl's ``response_len`` tags (all turns): what an evicted group,
+        whose rows never reach verl's advantage stage, has in place of its ``response_mask``."""
+        real = self.row_session >= 0
+        lengths = np.nan_to_num(self.row_response_len[real], nan=0.0)
+        return np.bincount(self.row_session[real], weights=lengths, minlength=len(self.session_uids))
 
     @classmethod
     def build(
@@ -198,6 +255,8 @@ class StepPlan:
             repeated_prompts=len(groups) - len({g.prompt_id for g in groups.values()}),
             session_singleton=np.array([group_size[u] == 1 for u in session_uids], dtype=bool),
             row_response_len=np.array([float(t.get("response_len", np.nan)) for t in tags], dtype=np.float64),
+            group_fetch_step=np.array([g.step for g in groups.values()], dtype=np.int64),
+            scheduled_rollouts=sum(g.count for g in groups.values()),
         )
 
 
@@ -236,11 +295,14 @@ class GDROStep:
     adjust: bool
     zero_singletons: bool
     lost: list[ScheduledGroup] = field(default_factory=list)  # groups that will not arrive
+    # groups verl's replay buffer evicted since the last step (stale, failed): observed with this step, never trained
+    evicted: list[StepPlan] = field(default_factory=list)
     row_score: np.ndarray | None = None
     session_tokens: np.ndarray | None = None
     multipliers: np.ndarray | None = None  # per session, canonical order (the controller's)
     row_multiplier: np.ndarray | None = None
     adjusted: bool = False
+    train_step: int = 0  # the global step that trains the batch
     seconds: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -259,15 +321,26 @@ class GDROStep:
         )
 
     def observe(self, controller, abs_adv: np.ndarray | None) -> np.ndarray:
-        """Feed the controller in canonical order; the per-session multipliers (canonical order)."""
+        """Feed the controller in canonical order, the batch's sessions then each evicted group's (their |A| is
+        0: they carry no gradient); the batch's per-session multipliers (canonical order)."""
         o, plan, tokens = self.plan.order, self.plan, self.session_tokens
-        self.multipliers = controller.observe(
-            plan.session_pid[o],
-            plan.acc[o],
-            None if abs_adv is None else abs_adv[o],
-            response_visit_ids=plan.session_visit[o],
-            response_length=None if tokens is None else tokens[o],
+        pid, acc, visit = [plan.session_pid[o]], [plan.acc[o]], [plan.session_visit[o]]
+        adv = None if abs_adv is None else [abs_adv[o]]
+        length = None if tokens is None else [tokens[o]]
+        for ev in self.evicted:
+            pid.append(ev.session_pid[ev.order])
+            acc.append(ev.acc[ev.order])
+            visit.append(ev.session_visit[ev.order])
+            adv = None if adv is None else [*adv, np.zeros(len(ev.order))]
+            length = None if length is None else [*length, ev.session_tokens_from_tags()[ev.order]]
+        multipliers = controller.observe(
+            np.concatenate(pid),
+            np.concatenate(acc),
+            None if adv is None else np.concatenate(adv),
+            response_visit_ids=np.concatenate(visit),
+            response_length=None if length is None else np.concatenate(length),
         )
+        self.multipliers = multipliers[: len(o)]
         return self.multipliers
 
     def scale(self, data, controller, prompt_weights: bool) -> None:
@@ -343,7 +416,19 @@ class GDROStep:
         m = dict(controller.metrics())
         m.update(fetch_metrics)
         m["gdro/recipe/realised_rollouts"] = float(len(plan.session_uids))
-        m["gdro/recipe/failed_sessions"] = float(plan.failed_sessions + sum(g.count for g in self.lost))
+        m["gdro/recipe/trained_scheduled_rollouts"] = float(plan.scheduled_rollouts)
+        m["gdro/recipe/trained_groups"] = float(len(plan.group_fetch_step))
+        m["gdro/recipe/trained_rows"] = float(np.count_nonzero(plan.row_session >= 0))
+        if self.session_tokens is not None:
+            m["gdro/recipe/trained_tokens"] = float(self.session_tokens.sum())
+        if len(plan.group_fetch_step):  # dispatch-to-train lag, in global steps (= weight versions)
+            lag = dispatch_lag(plan.group_fetch_step, self.train_step)
+            m["gdro/recipe/lag_mean"], m["gdro/recipe/lag_max"] = float(lag.mean()), float(lag.max())
+        m["gdro/recipe/evicted_groups"] = float(sum(len(ev.group_fetch_step) for ev in self.evicted))
+        m["gdro/recipe/evicted_rollouts"] = float(sum(len(ev.session_uids) for ev in self.evicted))
+        m["gdro/recipe/failed_sessions"] = float(
+            plan.failed_sessions + sum(ev.failed_sessions for ev in self.evicted) + sum(g.count for g in self.lost)
+        )
         m["gdro/recipe/failed_groups"] = float(len(self.lost))
         m["gdro/recipe/singleton_groups"] = float(plan.session_singleton.sum())
         m["gdro/recipe/padding_rows"] = float(plan.padding_rows)
@@ -358,6 +443,11 @@ class GDROStep:
         """The step's metrics once (for the metrics file's line); empty afterwards."""
         taken, self.metrics = self.metrics, {}
         return taken
+
+
+def dispatch_lag(fetch_steps: np.ndarray, train_step: int) -> np.ndarray:
+    """Global steps between each group's dispatch and the step that trains it (0 on the sync trainer)."""
+    return train_step - np.asarray(fetch_steps, dtype=np.int64)
 
 
 @contextmanager
@@ -387,3 +477,53 @@ def inside_verl_advantage(hook: Callable[[Any, list[str]], None]) -> Iterator[li
         yield ran
     finally:
         verl_trainer_base.compute_advantage_for_multi_trajectories = original
+
+
+class PinnedExtraInfo(dict):
+    """A ``KVBatchMeta.extra_info`` whose ``pinned`` keys survive verl's ``extra_info.update(...)``: the seam
+    through which the asynchronous GDRO trainers set the rows of each actor mini-batch (``mini_batch_size``,
+    ``global_batch_size``) while verl's own ``_update_actor`` builds and sends the rest. It pickles (to the
+    worker, through Ray) and deep-copies as a plain dict."""
+
+    def __init__(self, base: dict, pinned: dict):
+        super().__init__(base)
+        self.pinned = dict(pinned)
+        super().update(self.pinned)
+
+    def update(self, *args, **kwargs) -> None:
+        super().update(*args, **kwargs)
+        super().update(self.pinned)
+
+    def __reduce__(self):
+        return dict, (dict(self),)
+
+
+def rows_per_update(batch_rows: int, updates: int) -> int:
+    """The rows of each of ``updates`` equal actor mini-batches of a batch of ``batch_rows`` (padding included)."""
+    if updates <= 0 or batch_rows % updates:
+        raise RuntimeError(f"GDRO: a batch of {batch_rows} rows does not split into {updates} equal mini-batches")
+    return batch_rows // updates
+
+
+class EvictionObserver:
+    """In front of verl's ``ReplayBuffer`` / ``ReplayBufferAsync`` (:func:`observe_evictions`): every group its
+    ``_clear_groups`` removes from the ``train`` partition (stale, failed, filtered or surplus: the one method all
+    of verl 0.9.1's evictions go through) is handed to ``gdro_on_evict(uids, keys, tags)`` with its trajectories'
+    keys and tags, before TransferQueue forgets them."""
+
+    gdro_on_evict: Callable[[set, list, list], None] | None = None
+
+    def _clear_groups(self, partition_id: str, uids: set[str]) -> None:
+        if uids and partition_id == "train" and self.gdro_on_evict is not None:
+            trajectories = self.partitions[partition_id]
+            keys = [k for k in trajectories if k.split("_")[0] in uids]
+            self.gdro_on_evict(set(uids), keys, [trajectories[k] for k in keys])
+        super()._clear_groups(partition_id, uids)
+
+
+def observe_evictions(buffer, on_evict: Callable[[set, list, list], None]):
+    """``buffer`` (built by verl's ``_build_replay_buffer``) as an instance of its class with
+    :class:`EvictionObserver` in front, calling ``on_evict``."""
+    buffer.__class__ = type(f"GDRO{type(buffer).__name__}", (EvictionObserver, type(buffer)), {})
+    buffer.gdro_on_evict = on_evict
+    return buffer

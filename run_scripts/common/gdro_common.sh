@@ -3,7 +3,8 @@
 # The paper's protocol is YAML: the launch selects the Hydra config groups `size=<size>
 # method=<method>` (recipe/gdro/config/size/, method/, protocol/paper.yaml); every other setting is
 # a Hydra override given as an argument (`paper_exact=on`, `trainer.nnodes=2`, ...), and arguments
-# win over the script's (order: groups < data paths < "$@"). The run's name and folders come from
+# win over the script's (order: groups < data paths < "$@"); `mode=colocate_async|separate_async` picks verl's
+# asynchronous loop (recipe/gdro/config/mode/). The run's name and folders come from
 # the config (gdro_trainer.yaml, `launch:`), so `method=prompt_gdro` on a script is named for what
 # it trains. Bash reads only what does work of its own: DRY_RUN / PREFLIGHT (which entry point),
 # DATA_DIR / VAL_DIR / EVAL_SETS (the train file and the seven evaluation files) and PYTHON; every
@@ -121,6 +122,8 @@ gdro_launch() {
   # What runs, from the groups the arguments choose (the run's name and folder: the recipe's plan).
   gdro_choice size "$size" "$@" && size="$GDRO_CHOICE"
   gdro_choice method "$method" "$@" && method="$GDRO_CHOICE"
+  gdro_choice mode sync "$@"
+  [[ "$GDRO_CHOICE" == sync ]] || note+=" | mode=$GDRO_CHOICE"
   gdro_choice paper_exact off "$@"
   if [[ "$GDRO_CHOICE" == on ]]; then
     note+=" | PAPER_EXACT"

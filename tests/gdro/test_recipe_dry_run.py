@@ -100,7 +100,7 @@ def test_dry_run_with_gdro_disabled_is_plain_verl(capsys, data):
         (["gdro.rollout.n_max=3"], 2, "rollout.n_max=3 is invalid: must be >= rollout.n_mean=4"),
         (["gdro.rollout.n_mean=8"], 2, "gdro.rollout.n_mean=8 differs from actor_rollout_ref.rollout.n=4"),
         (["data.train_batch_size=200"], 2, "data.train_batch_size=200 is not a multiple of"),
-        (["trainer.v1.trainer_mode=separate_async"], 2, "trainer.v1.trainer_mode='separate_async' is not supported"),
+        (["trainer.v1.trainer_mode=separate_async"], 2, "trainer_mode='separate_async' is verl's own trainer"),
         (["algorithm.filter_groups.enable=true"], 2, "algorithm.filter_groups.enable=true"),
         (
             ["actor_rollout_ref.rollout.name=???"],

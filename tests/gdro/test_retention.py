@@ -22,6 +22,7 @@ from verl.utils.checkpoint.checkpoint_manager import BaseCheckpointManager
 from recipe.gdro.checkpoints import GDRO_STATE_FILE, keep_limit, keep_limits
 from recipe.gdro.startup.checks import Checked
 from recipe.gdro.trainer import GDROTrainerSync
+from recipe.gdro.trainer_step import GroupSchedule
 from verl_ext import GDROConfig, GDROController, gdro_config_from_dict
 
 COMPLETE = ["actor", "data.pt", GDRO_STATE_FILE]
@@ -94,6 +95,7 @@ def launch(
     # training files here (no prompts' fingerprint to save)
     trainer.gdro_checked = Checked(gdro_config or GDROConfig(), "", True, restart_controller=False, dataset={})
     trainer.gdro = GDROController(trainer.gdro_config, 8)
+    trainer._gdro_schedule = GroupSchedule()  # the groups in flight, saved with the controller
     trainer._load_checkpoint()
     return trainer
 

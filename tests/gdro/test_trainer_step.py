@@ -59,7 +59,7 @@ def test_the_plan_reads_sessions_final_turns_padding_and_the_canonical_order():
 
 def test_a_group_larger_than_its_count_is_refused():
     schedule = GroupSchedule()
-    schedule.add(["u"], np.array([1]), np.array([2]), step=1, n_mean=4)
+    schedule.add(["u", "v"], np.array([1, 2]), np.array([2, 6]), step=1, n_mean=4)
     with pytest.raises(RuntimeError, match="prompt id 1 .*scheduled 2 rollouts but 3 responses"):
         check_group_sizes(dict(schedule.groups), Counter(["u"] * 3), 4)
 

@@ -56,13 +56,19 @@ from verl_ext import (
     gdro_config_to_dict,
 )
 from verl_ext.atomic import blocking_file as _blocking_file
-from verl_ext.config import Range
+from verl_ext.config import LossSignal, Range
 
-SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the GDRO trainer runs (PPOTrainerSync's; its registry key is "sync")
-# verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers GDROTrainerSync as
-# "gdro_sync", the recipe's default trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it
-# runs (recipe.gdro.lab.backends.cpu). Every other key is verl's own trainer.
+SUPPORTED_TRAINER_MODE = "sync"  # verl's loop the default GDRO trainer runs (PPOTrainerSync's; its key is "sync")
+# verl's trainer registry (verl.trainer.ppo.v1.register_trainer): recipe.gdro.trainer registers the GDRO trainers
+# under these keys, each running the loop of the verl mode it maps to; "gdro_sync" is the recipe's default
+# trainer.v1.trainer_mode; the CPU backend registers "<key>_cpu" for the key it runs (recipe.gdro.lab.backends.cpu).
+# Every other key is verl's own trainer.
 GDRO_TRAINER_MODE = "gdro_sync"
+GDRO_TRAINER_MODES = {
+    GDRO_TRAINER_MODE: SUPPORTED_TRAINER_MODE,
+    "gdro_colocate_async": "colocate_async",
+    "gdro_separate_async": "separate_async",
+}
 CPU_MODE_SUFFIX = "_cpu"
 
 
@@ -72,13 +78,20 @@ def base_trainer_mode(mode) -> str:
 
 
 def is_gdro_trainer(config: DictConfig) -> bool:
-    """``trainer.v1.trainer_mode`` selects the recipe's trainer (``gdro_sync``, or its CPU variant)."""
-    return base_trainer_mode(config.trainer.v1.trainer_mode) == GDRO_TRAINER_MODE
+    """``trainer.v1.trainer_mode`` selects one of the recipe's trainers (:data:`GDRO_TRAINER_MODES`, or a CPU
+    variant)."""
+    return base_trainer_mode(config.trainer.v1.trainer_mode) in GDRO_TRAINER_MODES
+
+
+def verl_mode(config: DictConfig) -> str:
+    """The verl mode whose loop ``trainer.v1.trainer_mode`` runs (``gdro_colocate_async`` -> ``colocate_async``)."""
+    key = base_trainer_mode(config.trainer.v1.trainer_mode)
+    return GDRO_TRAINER_MODES.get(key, key)
 
 
 def verl_mode_section(config: DictConfig):
-    """``trainer.v1.<mode>``, the section verl's base class reads for the mode its loop runs (GDRO's: sync)."""
-    mode = SUPPORTED_TRAINER_MODE if is_gdro_trainer(config) else base_trainer_mode(config.trainer.v1.trainer_mode)
+    """``trainer.v1.<mode>``, the section verl's base class reads for the mode its loop runs."""
+    mode = verl_mode(config)
     return mode, config.trainer.v1.get(mode, None) or {}
 
 
@@ -606,10 +619,10 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
 
     * ``trainer.use_v1=false`` (legacy RayPPOTrainer), in every mode: see :func:`check_use_v1`.
     * ``parameter_sync_step`` > 1 whenever the controller runs: see :func:`check_parameter_sync_step`.
-    * ``trainer.v1.trainer_mode`` other than ``gdro_sync``: verl's ``sync`` has no adversary; the async
-      trainers train on groups generated
-      under older weights and schedules, and refill evicted prompts one at a time, so a step's
-      rollout counts neither come from one schedule nor sum to B·n̄.
+    * ``trainer.v1.trainer_mode`` one of verl's own keys (``sync``, ``colocate_async``, ``separate_async``): they
+      have no adversary; the recipe's are ``gdro_sync``, ``gdro_colocate_async``, ``gdro_separate_async``.
+    * ``gdro.prompt.loss_signal=mean_abs_advantage`` on an asynchronous trainer: the groups verl evicts are
+      observed without advantages (|A| = 0), which that signal would read as a loss of 0.
     * ``algorithm.filter_groups.enable`` (DAPO dynamic sampling): evicts exactly the all-correct /
       all-wrong groups the binner must see and refills with singly-scheduled prompts.
     * ``trainer.v1.sampler.sync_refill_failed_groups`` with Rollout-GDRO: failed groups are
@@ -622,18 +635,28 @@ def check_supported_modes(config: DictConfig, gdro: GDROConfig) -> None:
     if not gdro.enabled:
         return
     mode = config.trainer.v1.trainer_mode
-    if base_trainer_mode(mode) == SUPPORTED_TRAINER_MODE:
-        raise GDRORecipeError(
-            f"trainer.v1.trainer_mode={mode!r} is verl's own PPOTrainerSync, which has no GDRO adversary: with "
-            f"gdro.prompt.enable / gdro.rollout.enable use trainer.v1.trainer_mode={GDRO_TRAINER_MODE} (the default)"
-        )
     if not is_gdro_trainer(config):
+        own = {v: k for k, v in GDRO_TRAINER_MODES.items()}.get(base_trainer_mode(mode))
         raise GDRORecipeError(
-            f"trainer.v1.trainer_mode={mode!r} is not supported with GDRO enabled (gdro.prompt.enable / "
-            "gdro.rollout.enable): the asynchronous v1 trainers train on groups generated under earlier "
-            "schedules and refill evicted prompts one by one, so a step's rollout counts would not come from "
-            "one Rollout-GDRO schedule, would not sum to B·n̄, and the binner would see stale outcomes. "
-            f"Use trainer.v1.trainer_mode={GDRO_TRAINER_MODE} (the default), or disable both adversaries"
+            f"trainer.v1.trainer_mode={mode!r} is verl's own trainer, which has no GDRO adversary: with "
+            "gdro.prompt.enable / gdro.rollout.enable use "
+            + (f"trainer.v1.trainer_mode={own}" if own else f"one of {', '.join(GDRO_TRAINER_MODES)}")
+            + " (the recipe's; gdro_sync is the default), or disable both adversaries"
+        )
+    B, mini = config.data.train_batch_size, config.actor_rollout_ref.actor.ppo_mini_batch_size
+    if verl_mode(config) == "separate_async" and B != mini:
+        raise GDRORecipeError(
+            f"trainer.v1.trainer_mode={mode} with actor_rollout_ref.actor.ppo_mini_batch_size={mini}: the GDRO "
+            "trainer runs separate_async with parameter_sync_step=1 (the controller observes once a step) and verl "
+            f"requires train_batch_size = parameter_sync_step x ppo_mini_batch_size: set ppo_mini_batch_size={B} "
+            "(mode=separate_async sets it)"
+        )
+    reads_advantage = gdro.prompt.enable and gdro.prompt.loss_signal == LossSignal.mean_abs_advantage
+    if verl_mode(config) != SUPPORTED_TRAINER_MODE and reads_advantage:
+        raise GDRORecipeError(
+            f"gdro.prompt.loss_signal=mean_abs_advantage is not supported with trainer.v1.trainer_mode={mode}: the "
+            "groups verl evicts as stale or failed are observed without advantages, which that signal would read "
+            "as a loss of 0. Use gdro.prompt.loss_signal=learnability (the default) or failure_rate"
         )
     filter_groups = config.algorithm.get("filter_groups", None)
     if filter_groups is not None and filter_groups.get("enable", False):
@@ -1359,6 +1382,7 @@ __all__ = [
     "CHECKED_KEY",
     "CPU_MODE_SUFFIX",
     "GDRO_TRAINER_MODE",
+    "GDRO_TRAINER_MODES",
     "base_trainer_mode",
     "join_existing_cluster",
     "is_gdro_trainer",

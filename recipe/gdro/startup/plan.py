@@ -11,7 +11,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from recipe.gdro.startup.checks import GDRO_TRAINER_MODE, Prepared, base_trainer_mode, gdro_runs, observes_only
+from recipe.gdro.startup.checks import GDRO_TRAINER_MODES, Prepared, base_trainer_mode, gdro_runs, observes_only
 from verl_ext import gdro_config_to_dict
 from verl_ext.config import _plain
 
@@ -115,8 +115,9 @@ def format_plan(config: DictConfig, prepared: Prepared, state_file: str) -> str:
     g, b = prepared.gdro, prepared.budget
     model = _select(config, "actor_rollout_ref.model.path")
     mode = _select(config, "trainer.v1.trainer_mode")
-    if base_trainer_mode(mode) == GDRO_TRAINER_MODE:
-        trainer_cls = f"recipe.gdro.trainer.GDROTrainerSync (trainer.v1.trainer_mode={mode})"
+    if base_trainer_mode(mode) in GDRO_TRAINER_MODES:
+        name = "".join(w.title() for w in GDRO_TRAINER_MODES[base_trainer_mode(mode)].split("_"))
+        trainer_cls = f"recipe.gdro.trainer.GDROTrainer{name} (trainer.v1.trainer_mode={mode})"
     else:
         trainer_cls = f"verl's {mode} trainer (GDRO off)"
     steps = _select(config, "trainer.total_training_steps")

@@ -39,6 +39,7 @@ from verl_ext import GDROConfig, gdro_config_to_dict
 
 RESTART_CONTROLLER_KEY = "gdro.restart_controller"
 DATASET_STATE_KEY = "dataset"  # what save_gdro_state adds to the controller's state_dict()
+INFLIGHT_STATE_KEY = "inflight"  # and the trainer's groups in flight (trainer_step.GroupSchedule.state_dict())
 _SHARD = re.compile(r"^model_world_size_([0-9]+)_rank_([0-9]+)\.pt$")  # verl's FsdpCheckpointManager
 FSDP_VERSIONS = {"fsdp": 1, "fsdp2": 2}  # actor.strategy -> the FSDP_version verl writes to fsdp_config.json
 MERGE_COMMAND = "python -m verl.model_merger merge --backend fsdp --local_dir {actor} --target_dir {target}"
@@ -161,14 +162,17 @@ def dataset_fingerprint(ids: np.ndarray, prompts: list) -> str:
     return h.hexdigest()[:16]
 
 
-def save_gdro_state(controller, path: str, dataset: Optional[dict]) -> None:
+def save_gdro_state(controller, path: str, dataset: Optional[dict], inflight: Optional[dict] = None) -> None:
     """The controller's ``state_dict()`` with the training data's ``dataset`` facts (fingerprint, prompt
-    count), written atomically as :meth:`verl_ext.GDROController.save` writes it."""
+    count) and the trainer's ``inflight`` groups, written atomically as :meth:`verl_ext.GDROController.save`
+    writes it."""
     from verl_ext.atomic import atomic_replace
 
     state = controller.state_dict()
     if dataset:
         state[DATASET_STATE_KEY] = dict(dataset)
+    if inflight is not None:
+        state[INFLIGHT_STATE_KEY] = inflight
     with atomic_replace(path, "wb") as f:
         pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
 

