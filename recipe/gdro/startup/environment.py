@@ -29,7 +29,12 @@ VERL_FILE_LOGGER_ROOT_ENV = "VERL_FILE_LOGGER_ROOT"
 TQ_TIMEOUT_ENV = "TQ_SIMPLE_STORAGE_SEND_RECV_TIMEOUT"
 # The shims of verl's CPU platform plugin (recipe/gdro/backends/cpu_platform.py, whose SHIMS are these
 # functions: it imports this name) that GDRO_CPU_PLATFORM_SKIP_SHIMS may leave out.
-CPU_PLATFORM_SHIMS = ("shim_process_group_backend", "shim_cpu_offload_pin_memory", "shim_vllm_cpu_weight_loader")
+CPU_PLATFORM_SHIMS = (
+    "shim_process_group_backend",
+    "shim_cpu_offload_pin_memory",
+    "shim_vllm_cpu_weight_loader",
+    "shim_fsdp2_save_to_cpu_copies",
+)
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 
 

@@ -101,6 +101,39 @@ print("OUT", tuple(out.shape))
         assert "pin_memory" in r.stderr and "Cannot access accelerator device" in r.stderr
 
 
+@pytest.mark.parametrize("shimmed", [False, True])
+def test_fsdp2_save_to_cpu_shim(shimmed):
+    """separate_async's pi_old snapshot (DetachActorWorker.save_model_to_cpu / restore_model_from_cpu, through
+    verl/utils/fsdp_utils.py's FSDP2 helpers): on CPU the saved shards are the live ones (fsdp_utils.py:1180,
+    ``.cpu()`` of a CPU tensor is itself), so an optimizer step moves the snapshot too and the restore gives the
+    updated weights back. Built as verl builds it: an FSDP2 module, saved, stepped, restored."""
+    code = (
+        PRELUDE
+        + f"""
+if {shimmed}:
+    cp.shim_fsdp2_save_to_cpu_copies()
+import torch, torch.distributed as td
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from verl.utils import fsdp_utils
+td.init_process_group("cpu:gloo")
+model = torch.nn.Linear(4, 2)
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+before = {{n: p.full_tensor().clone() for n, p in model.named_parameters()}}
+state, spec = fsdp_utils.fsdp2_sharded_save_to_cpu(model)  # save_model_to_cpu(0)
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)  # an optimizer step
+fsdp_utils.fsdp2_sharded_load_from_cpu(model, state, spec)  # restore_model_from_cpu(0)
+after = {{n: p.full_tensor() for n, p in model.named_parameters()}}
+print("RESTORED", all(torch.equal(before[n], after[n]) for n in before))
+"""
+    )
+    r = run_py(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"RESTORED {shimmed}" in r.stdout
+
+
 def test_shims_refuse_other_versions():
     with pytest.raises(cp.ShimRefused, match=r"written for verl==0\.9\.1.*found verl==0\.9\.2"):
         cp.require_version("shim_x", "verl", cp.PINNED_VERL, found="0.9.2")
