@@ -41,7 +41,6 @@ import asyncio
 import datetime
 import importlib.metadata as md
 import logging
-import os
 import pickle
 from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Generator
@@ -57,7 +56,6 @@ from verl.checkpoint_engine.base import (
 )
 
 logger = logging.getLogger(__name__)
-logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "WARN"))
 
 BACKEND = "cpu_gloo"
 MODULE = __name__
