@@ -119,12 +119,12 @@ def measure(result: Result, run: Path) -> Result:
     return result
 
 
-def last_error(text: str) -> str:
+def last_error(text: str, width: int = 120) -> str:
+    """The launch's last line naming an error (a refusal is one line), cut to ``width`` characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if "error" in line.lower() or line.startswith("gdro:"):
-            return line[:300]
-    return lines[-1][:300] if lines else "no output"
+    found = next((ln for ln in reversed(lines) if "error" in ln.lower() or ln.startswith("gdro:")), None)
+    line = found or (lines[-1] if lines else "no output")
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 def run_one(mode: str, method: str, steps: int, out: Path) -> Result:
