@@ -119,7 +119,7 @@ def measure(result: Result, run: Path) -> Result:
     return result
 
 
-def last_error(text: str, width: int = 120) -> str:
+def last_error(text: str, width: int = 64) -> str:
     """The launch's last line naming an error (a refusal is one line), cut to ``width`` characters."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     found = next((ln for ln in reversed(lines) if "error" in ln.lower() or ln.startswith("gdro:")), None)
@@ -162,7 +162,7 @@ def table(results: list[Result], steps: int) -> str:
         if r.error and r.steps_per_minute is None:
             lines.append(f"| {r.mode} | {r.method} | cannot run: {r.error} | | | {r.wall_seconds:.0f} | {r.steps} |")
             continue
-        share = "n/a (verl only)" if r.method == "grpo" else fmt(r.gdro_share and 100 * r.gdro_share, ".2f") + " %"
+        share = "n/a" if r.method == "grpo" else fmt(r.gdro_share and 100 * r.gdro_share, ".2f") + " %"
         note = f" ({r.error})" if r.error else ""
         lines.append(
             f"| {r.mode} | {r.method} | {fmt(r.steps_per_minute, '.2f')} | {fmt(r.rollouts_per_second, '.2f')} | "
