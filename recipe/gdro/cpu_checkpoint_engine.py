@@ -43,7 +43,7 @@ import importlib.metadata as md
 import logging
 import pickle
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, Generator
+from typing import AsyncGenerator, Generator
 
 import torch
 import torch.distributed as dist
@@ -260,9 +260,8 @@ class CPUGlooCheckpointEngine(CheckpointEngine):
                 return
 
 
-def engine_overrides(**engine_kwargs: Any) -> list[str]:
-    """The Hydra overrides that select this engine (``engine_kwargs``: e.g. ``timeout_seconds=60``)."""
+def engine_overrides() -> list[str]:
+    """The Hydra overrides that select this engine (its timeout: ``+actor_rollout_ref.rollout.checkpoint_engine.
+    engine_kwargs.cpu_gloo.timeout_seconds=<s>``)."""
     prefix = "actor_rollout_ref.rollout.checkpoint_engine"
-    overrides = [f"{prefix}.backend={BACKEND}", f"{prefix}.custom_backend_module={MODULE}"]
-    overrides += [f"+{prefix}.engine_kwargs.{BACKEND}.{k}={v}" for k, v in engine_kwargs.items()]
-    return overrides
+    return [f"{prefix}.backend={BACKEND}", f"{prefix}.custom_backend_module={MODULE}"]
