@@ -394,7 +394,8 @@ def shim_fsdp2_save_to_cpu_copies() -> None:
     from a GPU but the same tensor when the parameter already lives on the CPU: the "snapshot" then follows
     every optimizer step, the restore writes the current weights onto themselves, and pi_old silently becomes
     the current policy. The shim clones each saved tensor that shares memory with its parameter, so the
-    snapshot is one. Upstream fix: docs/real_path.md ("policy snapshot")."""
+    snapshot is one. Measured (tiny separate_async, parameter_sync_step=4, 3 steps): ``actor/ppo_kl`` 0.0 on
+    every step without the shim, 0.0025-0.0034 with it. Upstream fix: docs/real_path.md ("policy snapshot")."""
     require_version("shim_fsdp2_save_to_cpu_copies", "verl", PINNED_VERL)
     from verl.utils import fsdp_utils
 
