@@ -38,6 +38,7 @@ LONGEST_FILES = (
     "tests/gdro/test_async_evictions.py",
     "tests/gdro/lab/backends/test_cpu_backend.py",
     "tests/gdro/test_weight_sync.py",
+    "tests/gdro/test_real_path_separate_async.py",
     "tests/run_scripts/test_signals.py",
     "tests/gdro/backends/test_cpu_platform.py",
     "tests/run_scripts/test_run_scripts.py",

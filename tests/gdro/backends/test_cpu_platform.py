@@ -49,6 +49,29 @@ set_platform(cp._platform_class()())
 """
 
 
+def assert_shim_fixes(r: subprocess.CompletedProcess, shimmed: bool, fixed: str, defect: str) -> None:
+    """Shimmed, the process ran and printed ``fixed``; unshimmed, it failed with ``defect`` on stderr."""
+    if shimmed:
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert fixed in r.stdout
+    else:
+        assert r.returncode != 0, r.stdout
+        assert defect in r.stderr, r.stderr[-2000:]
+
+
+def fsdp_code(shim: str, shimmed: bool, body: str) -> str:
+    """A fresh process's code: the cpu platform, ``shim`` applied if ``shimmed``, a 1-rank gloo group, ``body``."""
+    head = f"""
+if {shimmed}:
+    cp.{shim}()
+import torch, torch.distributed as td
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+td.init_process_group("cpu:gloo")
+"""
+    return PRELUDE + head + textwrap.dedent(body)
+
+
 @pytest.mark.parametrize("shimmed", [False, True])
 def test_process_group_backend_shim(shimmed):
     """verl/utils/distributed.py:89 builds 'cpu:gloo,cpu:gloo' on a cpu platform, which torch refuses."""
@@ -63,35 +86,21 @@ d.initialize_global_process_group_ray(timeout_second=60)
 print("BACKEND", td.get_backend())
 """
     )
-    r = run_py(code)
-    if shimmed:
-        assert r.returncode == 0, r.stderr[-2000:]
-        assert "BACKEND cpu:gloo" in r.stdout
-    else:
-        assert r.returncode != 0
-        assert "cpu:gloo,cpu:gloo" in r.stderr
+    assert_shim_fixes(run_py(code), shimmed, "BACKEND cpu:gloo", "cpu:gloo,cpu:gloo")
 
 
 @pytest.mark.parametrize("shimmed", [False, True])
 def test_cpu_offload_pin_memory_shim(shimmed):
     """verl's reference gets CPUOffloadPolicy(pin_memory=True) (fsdp/transformer_impl.py:462): FSDP2 pins
     host memory, which needs CUDA. Built here as verl builds it: fully_shard with that policy."""
-    code = (
-        PRELUDE
-        + f"""
-if {shimmed}:
-    cp.shim_cpu_offload_pin_memory()
-import torch, torch.distributed as td
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-td.init_process_group("cpu:gloo")
+    body = """
 mesh = init_device_mesh("cpu", (1,))
 model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
 fully_shard(model, mesh=mesh, offload_policy=CPUOffloadPolicy(pin_memory=True))
 out = model(torch.ones(3, 4))
 print("OUT", tuple(out.shape))
 """
-    )
+    code = fsdp_code("shim_cpu_offload_pin_memory", shimmed, body)
     r = run_py(code)
     if shimmed:
         assert r.returncode == 0, r.stderr[-2000:]
@@ -99,6 +108,50 @@ print("OUT", tuple(out.shape))
     else:
         assert r.returncode != 0, r.stdout
         assert "pin_memory" in r.stderr and "Cannot access accelerator device" in r.stderr
+
+
+@pytest.mark.parametrize("shimmed", [False, True])
+def test_fsdp2_save_to_cpu_shim(shimmed):
+    """separate_async's pi_old snapshot (DetachActorWorker.save_model_to_cpu / restore_model_from_cpu, through
+    verl/utils/fsdp_utils.py's FSDP2 helpers): on CPU the saved shards are the live ones (fsdp_utils.py:1180,
+    ``.cpu()`` of a CPU tensor is itself), so an optimizer step moves the snapshot too and the restore gives the
+    updated weights back. Built as verl builds it: an FSDP2 module, saved, stepped, restored."""
+    body = """
+from verl.utils import fsdp_utils
+model = torch.nn.Linear(4, 2)
+fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
+before = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
+state, spec = fsdp_utils.fsdp2_sharded_save_to_cpu(model)  # save_model_to_cpu(0)
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(1.0)  # an optimizer step
+fsdp_utils.fsdp2_sharded_load_from_cpu(model, state, spec)  # restore_model_from_cpu(0)
+after = {n: p.full_tensor() for n, p in model.named_parameters()}
+print("RESTORED", all(torch.equal(before[n], after[n]) for n in before))
+"""
+    code = fsdp_code("shim_fsdp2_save_to_cpu_copies", shimmed, body)
+    r = run_py(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"RESTORED {shimmed}" in r.stdout
+
+
+@pytest.mark.parametrize("shimmed", [False, True])
+def test_separate_async_logger_flush_shim(shimmed):
+    """verl/trainer/ppo/v1/trainer_separate_async.py:181-185: with hybrid_engine=false, ``_setup`` calls the
+    module's logger with print's ``flush=True``, which ``logging`` refuses (the trainer never starts)."""
+    code = (
+        PRELUDE
+        + f"""
+if {shimmed}:
+    cp.shim_separate_async_logger_flush()
+import inspect
+from verl.trainer.ppo.v1 import trainer_separate_async as t
+assert "flush=True" in inspect.getsource(t.PPOTrainerSeparateAsync._setup)  # the call the shim is for
+t.logger.info("[V1SepAsync] hybrid replicas disabled", flush=True)
+print("LOGGED")
+"""
+    )
+    assert_shim_fixes(run_py(code), shimmed, "LOGGED", "unexpected keyword argument 'flush'")
 
 
 def test_shims_refuse_other_versions():
