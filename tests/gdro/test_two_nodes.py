@@ -21,6 +21,8 @@ pool, 16 prompts a step, a checkpoint every 2 steps, the same command each time.
    each node): the same bounded, one-line end, nothing of the run left, the checkpoints as they were.
 4. The node comes back, the same command resumes from step 4, and SIGINT after step 5 ends it in seconds
    with exit 130 and one line; retention kept every save. (SIGTERM on the GPU path: test_real_path.py.)
+5. A fresh ``mode=colocate_async`` run of the same command (its own folder), its worker node killed as in 2,
+   ends as in 2 (issue 46: a lost node ends an async run as it ends a sync one).
 """
 
 from __future__ import annotations
@@ -100,19 +102,21 @@ def two_nodes(tmp_path_factory):
     base = tmp_path_factory.mktemp("two_nodes")
     t0 = time.monotonic()
     cluster = TwoNodeCluster(base / "cluster.log")
-    out = {"base": base, "cluster": cluster, "seconds": {"cluster": time.monotonic() - t0}}
+    out = {"base": base, "cluster": cluster, "node": cluster.info, "seconds": {"cluster": time.monotonic() - t0}}
     try:
         yield out
     finally:
         cluster.close()
 
 
-def _launch_argv(base: Path, node: dict):
-    """The launch's command; it joins the cluster as docs/cluster.md says: RAY_ADDRESS and the cluster's token."""
+def _launch_argv(base: Path, node: dict, out: str = "out", overrides: tuple[str, ...] = ()):
+    """The launch's command, writing to ``base/out``; it joins the cluster as docs/cluster.md says: RAY_ADDRESS
+    and the cluster's token."""
     argv, env = launch_command(
         "joint_gdro",
-        base / "out",
+        base / out,
         *TWO_NODES,
+        *overrides,
         f"trainer.total_training_steps={TOTAL_STEPS}",
         "trainer.save_freq=2",
         "trainer.val_before_train=false",
@@ -122,13 +126,23 @@ def _launch_argv(base: Path, node: dict):
     return argv, env
 
 
-def kill_worker_during(two_nodes: dict, name: str, saved: int, during: str, node: dict) -> dict:
+def live_node(two_nodes: dict) -> dict:
+    """The worker node's JSON line; a new node is added first when the last one was killed."""
+    if two_nodes.get("node") is None:
+        two_nodes["node"] = two_nodes["cluster"].command("add")
+    return two_nodes["node"]
+
+
+def kill_worker_during(
+    two_nodes: dict, name: str, saved: int, during: str, out: str = "out", overrides: tuple[str, ...] = ()
+) -> dict:
     """Launch the same command, wait until the save of step ``saved`` is complete and its step's log line
     written, then kill the worker node once Ray runs a task ``during`` (the next step's); returns how the
     run ended and what it left."""
     base, cluster = two_nodes["base"], two_nodes["cluster"]
-    run = base / "out" / "p" / "joint_gdro"
-    argv, env = _launch_argv(base, node)
+    run = base / out / "p" / "joint_gdro"
+    node = live_node(two_nodes)
+    argv, env = _launch_argv(base, node, out, overrides)
     with open(base / f"{name}.out", "w") as stdout, open(base / f"{name}.err", "w") as stderr:
         t0 = time.monotonic()
         proc = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=env, cwd=REPO)
@@ -140,6 +154,7 @@ def kill_worker_during(two_nodes: dict, name: str, saved: int, during: str, node
             job_during = job_processes_left(cluster.proc.pid, settle=0)  # the control: what the check sees mid-run
             kill = cluster.command(f"kill-during {during}")
             assert kill["killed"], kill
+            two_nodes["node"] = None
             killed_at = time.monotonic()
             proc.wait(timeout=KILL_BOUND_S + 60)
             seconds = time.monotonic() - killed_at
@@ -195,15 +210,14 @@ def assert_lost_node_ended_the_run(killed: dict) -> None:
 def killed(two_nodes):
     """The first launch: killed while vLLM generates step 3, after the step-2 save."""
     two_nodes["shm_before"] = shm_segments()
-    return kill_worker_during(two_nodes, "first", 2, GENERATE, two_nodes["cluster"].info)
+    return kill_worker_during(two_nodes, "first", 2, GENERATE)
 
 
 @pytest.fixture(scope="module")
 def killed_in_update(two_nodes, killed):
     """The node re-added, the same command resumes from step 2, saves step 4, and is killed during step 5's
     FSDP update."""
-    info = two_nodes["cluster"].command("add")
-    return kill_worker_during(two_nodes, "second", 4, UPDATE, info)
+    return kill_worker_during(two_nodes, "second", 4, UPDATE)
 
 
 def test_two_ranks_on_two_nodes_train_with_gdro_acting(killed):
@@ -251,8 +265,7 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
     field, and SIGINT after step 5 ends it in seconds with exit 130 and one line, no process of the run
     left, both checkpoints complete."""
     cluster = two_nodes["cluster"]
-    info = cluster.command("add")
-    argv, env = _launch_argv(two_nodes["base"], info)
+    argv, env = _launch_argv(two_nodes["base"], live_node(two_nodes))
     run = killed_in_update["run"]
     stop = signal_after(argv, env, run, 5, two_nodes["base"], signal.SIGINT, saved=4)
     print(f"two nodes: the resume ran step 5 in {stop['to_signal']:.0f} s; SIGINT ended it in {stop['seconds']:.1f} s")
@@ -280,3 +293,17 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
     assert_restored_as_saved(run, 4, resumes=2)
     for step in (2, 4):  # retention kept both saves
         assert incomplete_reason(str(run / f"global_step_{step}"), with_gdro_state=True) is None
+
+
+def test_a_node_lost_during_generation_ends_a_colocate_async_run_the_same_way(two_nodes):
+    """A fresh ``mode=colocate_async`` run (its own folder; partial rollout and a warm-up window, so the
+    driver waits on generation through verl's async loop) killed as the first launch is, while vLLM generates
+    step 3 after the step-2 save, ends as the sync run does. Cost: one launch (the cluster reused)."""
+    two_nodes["shm_before"] = shm_segments()
+    k = kill_worker_during(two_nodes, "async", 2, GENERATE, "out_async", ("mode=colocate_async",))
+    print(
+        f"two nodes, colocate_async: step 2 saved {k['to_save']:.0f} s after launch; the worker node was killed "
+        f"during {k['during']}; the run ended {k['seconds']:.1f} s later"
+    )
+    assert k["during"].endswith(GENERATE)
+    assert_lost_node_ended_the_run(k)
