@@ -34,23 +34,38 @@ def segments(folder: Path) -> set[str]:
 def mapped_segments(folder: Path) -> set[str]:
     """Names of the segments under ``folder`` that some readable process maps (``/proc/<pid>/maps``).
 
+    Matched by inode, not by the path a mapping names: glibc's ``sem_open`` makes a semaphore under a
+    temporary name, maps it, links it to its real name (``sem.mp-*``) and unlinks the temporary one, so the
+    mapping of a semaphore in use names a deleted file. Matched by path, a launch ending beside another one
+    removed that one's live semaphore and its vLLM worker could not start (``SemLock._rebuild``:
+    FileNotFoundError, a full-suite run with two real-path launches at once).
+
     Not ``psutil.Process.memory_maps``: it reads ``/proc/<pid>/smaps`` (per-mapping RSS and swap), 25x
     slower here (1.32 s against 0.053 s over 115 processes, timed with both on ``/dev/shm``), and
     :meth:`ShmLeftovers.remove` repeats this walk every 0.5 s while it waits.
     """
-    mapped: set[str] = set()
-    prefix = f"{folder}/"
+    inodes: set[int] = set()
+    prefix = f" {folder}/"
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/maps") as f:
                 for line in f:
-                    at = line.find(prefix)
-                    if at >= 0:
-                        mapped.add(line[at + len(prefix) :].split()[0])
-        except OSError:  # gone, or another user's: its segments are not ours either
+                    if prefix in line:  # address perms offset dev inode path
+                        inodes.add(int(line.split(maxsplit=5)[4]))
+        except (OSError, ValueError, IndexError):  # gone, or another user's: its segments are not ours either
             continue
+    mapped: set[str] = set()
+    try:
+        for entry in os.scandir(folder):
+            try:
+                if entry.inode() in inodes:
+                    mapped.add(entry.name)
+            except OSError:
+                continue
+    except OSError:
+        pass
     return mapped
 
 

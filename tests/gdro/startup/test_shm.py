@@ -35,3 +35,17 @@ def test_nothing_new_returns_at_once(tmp_path):
     t0 = time.monotonic()
     assert leftovers.remove(wait=5) == []
     assert time.monotonic() - t0 < 1
+
+
+def test_a_segment_mapped_under_the_name_it_was_made_with_stays(tmp_path):
+    """glibc's sem_open: made under a temporary name, mapped, linked to its real name (``sem.mp-*``), the
+    temporary name unlinked; the mapping then names a deleted file. Another launch's live semaphore, made
+    meanwhile, must stay (removed, its vLLM worker could not start: FileNotFoundError in SemLock._rebuild)."""
+    leftovers = ShmLeftovers(tmp_path)
+    made = _segment(tmp_path, "sem.tmpXYZ")
+    with open(made, "r+b") as f, mmap.mmap(f.fileno(), 0):
+        (tmp_path / "sem.mp-live").hardlink_to(made)
+        made.unlink()
+        assert leftovers.remove(wait=0) == []
+        assert (tmp_path / "sem.mp-live").exists()
+    assert leftovers.remove(wait=0) == ["sem.mp-live"]  # unmapped now: a later call removes it
