@@ -45,23 +45,4 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_HOME])
 
 
-__all__ = [
-    "BinnerConfig",
-    "GDROConfig",
-    "GDROConfigError",
-    "GDROController",
-    "OnlineDifficultyBinner",
-    "PromptGDRO",
-    "PromptGDROConfig",
-    "PromptIdError",
-    "RolloutGDRO",
-    "RolloutGDROConfig",
-    "aggregate_responses",
-    "allocation_quality",
-    "check_prompt_ids",
-    "gdro_config_from_dict",
-    "gdro_config_to_dict",
-    "oracle_allocation",
-    "prompt_loss",
-    "repair_to_budget",
-]
+__all__ = sorted(_HOME)
