@@ -12,9 +12,7 @@ printed with -s).
 
 from __future__ import annotations
 
-import pickle
 import signal
-from collections import Counter
 
 import pytest
 from recipe_helpers import real_path as rp
@@ -78,31 +76,8 @@ def test_optimizer_steps_per_step_are_uniform_grpos(run):
 def test_the_resume_restores_the_state_and_the_counts_of_the_groups_in_flight(run):
     """The checkpoint of step 4 holds the warm-up window's groups in flight; the resume restores the controller
     and that map field by field, and verl re-issues those prompts with the counts scheduled before it."""
-    folder = run["folder"]
-    saved = pickle.loads((folder / f"global_step_{SAVED}" / "gdro_state.pkl").read_bytes())["inflight"]
-    assert len(saved["uids"]) > 0, "no group in flight at the checkpoint"
-    rp.assert_restored_as_saved(folder, SAVED)
-    scheduled = dict(zip(saved["uids"], saved["count"].tolist(), strict=True))
-    realised: Counter = Counter()
-    for step in range(SAVED + 1, STEPS + 1):
-        for line in rp.read_jsonl(run["rollouts"] / f"{step}.jsonl"):
-            uid, session, _ = line["uid"].rsplit("_", 2)
-            if uid in scheduled:
-                realised[(uid, session)] += 1
-    per_uid = Counter(uid for uid, _ in realised)
-    assert per_uid, "no re-issued group was trained after the resume"
-    assert all(per_uid[u] == scheduled[u] for u in per_uid), {u: (per_uid[u], scheduled[u]) for u in per_uid}
+    rp.assert_reissued_counts_as_scheduled(run["folder"], run["rollouts"], SAVED, STEPS)
 
 
 def test_sigterm_ends_an_async_run_in_seconds_leaving_nothing(run):
-    from recipe.gdro.checkpoints import incomplete_reason
-
-    stop = run["stop"]
-    assert stop["code"] == 143, stop["stderr"][-3000:]
-    assert stop["stderr"].strip().splitlines()[-1] == (
-        f"gdro: interrupted (SIGTERM); stopped; the last complete checkpoint is {run['folder']}/global_step_{SAVED}; "
-        "relaunch the same command to resume from it"
-    )
-    assert stop["seconds"] < 30 and not stop["left"], stop["left"]
-    assert incomplete_reason(str(run["folder"] / f"global_step_{SAVED}"), with_gdro_state=True) is None
-    assert run["leaked"] == []
+    rp.assert_sigterm_ended_the_run(run["stop"], run["folder"], SAVED, run["leaked"])

@@ -23,6 +23,9 @@ pool, 16 prompts a step, a checkpoint every 2 steps, the same command each time.
    with exit 130 and one line; retention kept every save. (SIGTERM on the GPU path: test_real_path.py.)
 5. A fresh ``mode=colocate_async`` run of the same command (its own folder), its worker node killed as in 2,
    ends as in 2 (issue 46: a lost node ends an async run as it ends a sync one).
+6. A fresh ``mode=separate_async`` run (its own folder): the trainer on one node's GPU, the standalone vLLM
+   replica on the other's, weights pushed by the CPU checkpoint engine over TCP between the nodes; the worker node
+   killed as in 2 ends it as in 2, whichever of the two the node held.
 """
 
 from __future__ import annotations
@@ -305,6 +308,22 @@ def test_a_node_lost_during_generation_ends_a_colocate_async_run_the_same_way(tw
     k = kill_worker_during(two_nodes, "async", 2, GENERATE, "out_async", ("mode=colocate_async",))
     print(
         f"two nodes, colocate_async: step 2 saved {k['to_save']:.0f} s after launch; the worker node was killed "
+        f"during {k['during']}; the run ended {k['seconds']:.1f} s later"
+    )
+    assert k["during"].endswith(GENERATE)
+    assert_lost_node_ended_the_run(k)
+
+
+def test_a_node_lost_during_generation_ends_a_separate_async_run_the_same_way(two_nodes):
+    """A fresh ``mode=separate_async`` run (its own folder): one trainer rank and one standalone replica, one on
+    each node (``trainer.nnodes=1``; run_scripts/tiny_real_path_env.sh gives the rollout pool one node of one
+    GPU), the weights pushed between the nodes by the CPU checkpoint engine. Killed while the replica generates
+    after the step-2 save, it ends as the sync run does. Cost: one launch (printed with -s)."""
+    two_nodes["shm_before"] = shm_segments()
+    overrides = ("mode=separate_async", "trainer.nnodes=1", "trainer.n_gpus_per_node=1")
+    k = kill_worker_during(two_nodes, "separate", 2, GENERATE, "out_separate", overrides)
+    print(
+        f"two nodes, separate_async: step 2 saved {k['to_save']:.0f} s after launch; the worker node was killed "
         f"during {k['during']}; the run ended {k['seconds']:.1f} s later"
     )
     assert k["during"].endswith(GENERATE)

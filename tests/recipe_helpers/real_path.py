@@ -145,6 +145,43 @@ def assert_restored_as_saved(run: Path, step: int, resumes: int = 1) -> None:
     assert not differ, f"restored state differs from the saved one in {differ}"
 
 
+def assert_reissued_counts_as_scheduled(run: Path, rollouts: Path, saved: int, last: int) -> None:
+    """The checkpoint of step ``saved`` holds groups in flight; the resume restored the controller and that map
+    field by field (``assert_restored_as_saved``), and every re-issued group trained in steps ``saved + 1`` to
+    ``last`` (verl's rollout dump) has the count scheduled for it before the checkpoint."""
+    import pickle
+    from collections import Counter
+
+    saved_map = pickle.loads((run / f"global_step_{saved}" / "gdro_state.pkl").read_bytes())["inflight"]
+    assert len(saved_map["uids"]) > 0, "no group in flight at the checkpoint"
+    assert_restored_as_saved(run, saved)
+    scheduled = dict(zip(saved_map["uids"], saved_map["count"].tolist(), strict=True))
+    realised: Counter = Counter()
+    for step in range(saved + 1, last + 1):
+        for line in read_jsonl(rollouts / f"{step}.jsonl"):
+            uid, session, _ = line["uid"].rsplit("_", 2)
+            if uid in scheduled:
+                realised[(uid, session)] += 1
+    per_uid = Counter(uid for uid, _ in realised)
+    assert per_uid, "no re-issued group was trained after the resume"
+    assert all(per_uid[u] == scheduled[u] for u in per_uid), {u: (per_uid[u], scheduled[u]) for u in per_uid}
+
+
+def assert_sigterm_ended_the_run(stop: dict, run: Path, saved: int, leaked: list[str]) -> None:
+    """SIGTERM after the save of step ``saved``: exit 143 in seconds with the one line naming that checkpoint,
+    no process of the run left, the checkpoint complete, nothing left in /dev/shm."""
+    from recipe.gdro.checkpoints import incomplete_reason
+
+    assert stop["code"] == 143, stop["stderr"][-3000:]
+    assert stop["stderr"].strip().splitlines()[-1] == (
+        f"gdro: interrupted (SIGTERM); stopped; the last complete checkpoint is {run}/global_step_{saved}; "
+        "relaunch the same command to resume from it"
+    )
+    assert stop["seconds"] < 30 and not stop["left"], stop["left"]
+    assert incomplete_reason(str(run / f"global_step_{saved}"), with_gdro_state=True) is None
+    assert leaked == []
+
+
 def gdro_rows(run: Path) -> list[dict]:
     """The per-step rows of the run's gdro_metrics.jsonl."""
     return [row for row in read_jsonl(run / "gdro_metrics.jsonl") if "step" in row]

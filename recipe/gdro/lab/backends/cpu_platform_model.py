@@ -29,7 +29,7 @@ VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 def shipped_base() -> Path:
-    from recipe.gdro.lab.tinylm.model import BASE_MODEL_DIR
+    from recipe.gdro.lab.tinylm import BASE_MODEL_DIR
 
     return Path(BASE_MODEL_DIR)
 

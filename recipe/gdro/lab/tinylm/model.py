@@ -23,8 +23,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-# The shipped SFT base model folder (config.json, model.safetensors, tokenizer files).
-BASE_MODEL_DIR = Path(__file__).resolve().parent / "base"
+from recipe.gdro.lab.tinylm import BASE_MODEL_DIR  # the shipped SFT base (defined there: no torch import)
 
 PAD_TOKEN = "<pad>"
 UNK_TOKEN = "<unk>"
