@@ -6,13 +6,15 @@ run_scripts/tiny_real_path_env.sh, no override here names it. verl's default war
 checkpoint of step 4 holds a batch of groups in flight.
 
 One launch is stopped by SIGTERM in step 5, after the checkpoint of step 4; the same command resumes it to step 8
-(as tests/gdro/test_real_path_async.py does for colocate_async, with its helpers). The weights: verl's
-rollout-vs-actor metrics compare the replica's token probabilities with the trainer's old log-probs. They are
-computed under the same weights only where the trained batch was generated wholly after the last sync: step 1
-(the start-up sync) and step 5 (the resume's sync of the checkpoint's weights, before the re-issued groups and
-step 5's batch are generated); there they agree only if the sync delivered them (<= 5.5e-7 mean |Δp| measured
-with the warm-up window off, on every step). On the other steps the batch was generated one update behind
-(1.5e-3 to 3.6e-3 measured), and the engine's own metrics show it carried the weights after every step.
+(as tests/gdro/test_real_path_async.py does for colocate_async, with its helpers). The checkpoint's window had
+finished generating under the weights of step 3: verl restores those groups as data (not re-issued), so from
+step 2 on most steps train a batch one update behind the trainer. The weights: verl's rollout-vs-actor metrics
+compare the replica's token probabilities with the trainer's old log-probs. Step 1 trains what the replica
+generated after the start-up sync, under the trainer's own weights: they agree only if that sync delivered them
+(<= 5e-7 mean |Δp|; every step agrees so with ``num_warmup_batches=0``, docs/real_path.md). On every step the
+replica is at most one update behind: mean |Δp| 1.7e-3 to 5.0e-3 measured on the lagged steps (4e-7 where a
+step's batch was generated after the last sync), under LAGGED_DIFF_MEAN_TOL; the engine's own metrics show it
+carried the weights after every step, the resumed launch's start-up sync included.
 Cost: two launches, printed with -s.
 """
 
@@ -26,7 +28,7 @@ from recipe_helpers import real_path as rp
 STEPS, SAVED = 8, 4
 B, N_MEAN = 16, 4  # mode=separate_async: ppo_mini_batch_size = train_batch_size, one optimizer step a step
 MICRO = 16  # size=tiny's ppo_micro_batch_size_per_gpu
-SAME_WEIGHTS = (1, SAVED + 1)  # steps whose batch was generated wholly after the last sync (docstring)
+LAGGED_DIFF_MEAN_TOL = 1e-2  # one update behind: measured <= 5.0e-3 (docstring)
 PROB_DIFF_MEAN_TOL = 1e-5  # as tests/gdro/test_real_path.py: measured there <= 5e-7 on the sync trainer
 PROB_DIFF_MAX_TOL = 1e-4
 PEARSON_MIN = 0.9999
@@ -73,14 +75,14 @@ def test_the_replica_serves_the_trainers_weights_after_each_sync(run):
         # the CPU engine carried the weights: actor rank 0 reports what it broadcast (verl merges it into the step)
         assert m["cpu_gloo/buckets"] >= 1 and m["cpu_gloo/bytes"] > 0, (step, m)
         assert m["training/rollout_probs_diff_valid"] == 1, (step, m)
-        print(f"step {step}: mean |dp| {m['training/rollout_probs_diff_mean']:.2e}")
-    for step in SAME_WEIGHTS:
-        m = steps[step]
-        assert m["training/rollout_probs_diff_mean"] < PROB_DIFF_MEAN_TOL, (step, m)
-        assert m["training/rollout_probs_diff_max"] < PROB_DIFF_MAX_TOL, (step, m)
-        assert m["training/rollout_actor_probs_pearson_corr"] > PEARSON_MIN, (step, m)
-    # a control: the trainer did change its weights, so agreement at step 5 needed the checkpoint's weights synced
+        assert m["training/rollout_probs_diff_mean"] < LAGGED_DIFF_MEAN_TOL, (step, m)
+    first = steps[1]  # generated after the start-up sync, trained under the same weights
+    assert first["training/rollout_probs_diff_mean"] < PROB_DIFF_MEAN_TOL, first
+    assert first["training/rollout_probs_diff_max"] < PROB_DIFF_MAX_TOL, first
+    assert first["training/rollout_actor_probs_pearson_corr"] > PEARSON_MIN, first
+    # a control: the trainer did change its weights, so staying within one update needed each step's sync
     assert all(m["actor/grad_norm"] > 0 for m in steps.values())
+    assert all(r["gdro/recipe/lag_max"] <= 1 for r in run["rows"])
 
 
 def test_gdro_acts_and_every_dispatch_holds_the_budget(run):
