@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything on a fresh machine (see setup_env.sh) and runs the whole test suite.
+# Installs everything on a fresh machine (see setup_env.sh) and runs the test suite (the tests marked extended
+# or two_nodes, real launches beyond the ones CI runs, are deselected by pyproject.toml: -m selects them, README).
 #   bash run_scripts/test.sh [pytest args]
 # Two pytest workers (pytest-xdist, GDRO_TEST_WORKERS, default 2; 0 runs in this process), one test file
 # each at a time (--dist loadfile: a file's module fixtures, its Ray and its launches stay in one

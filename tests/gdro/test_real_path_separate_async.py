@@ -20,10 +20,10 @@ Cost: two launches, printed with -s.
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 from recipe_helpers import real_path as rp
+
+pytestmark = pytest.mark.extended  # README: the real launches CI leaves out
 
 STEPS, SAVED = 8, 4
 B, N_MEAN = 16, 4  # mode=separate_async: ppo_mini_batch_size = train_batch_size, one optimizer step a step
@@ -38,34 +38,7 @@ PEARSON_MIN = 0.9999
 def run(tmp_path_factory):
     rp.require_venv()
     base = tmp_path_factory.mktemp("real_path_separate_async")
-    rollouts = base / "rollouts"
-    overrides = (
-        "mode=separate_async",
-        f"trainer.total_training_steps={STEPS}",
-        f"trainer.save_freq={SAVED}",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
-        "trainer.max_actor_ckpt_to_keep=null",
-        f"trainer.rollout_data_dir={rollouts}",
-    )
-    shm_before = rp.shm_segments()
-    argv, env = rp.launch_command("joint_gdro", base, *overrides)
-    folder = base / "p" / "joint_gdro"
-    stop = rp.signal_after(argv, env, folder, SAVED, base, signal.SIGTERM)
-    r, seconds = rp.launch("joint_gdro", base, *overrides)
-    assert r.returncode == 0, f"the resume failed ({seconds:.0f} s): {r.stderr[-3000:]}"
-    print(
-        f"real path, separate_async: to the step {SAVED} save {stop['to_signal']:.0f} s, SIGTERM ended it in "
-        f"{stop['seconds']:.1f} s; the resume to step {STEPS} {seconds:.0f} s"
-    )
-    return {
-        "folder": folder,
-        "verl": rp.verl_steps(folder / "verl_metrics.jsonl"),
-        "rows": rp.gdro_rows(folder),
-        "stop": stop,
-        "rollouts": rollouts,
-        "leaked": rp.leaked_segments(shm_before),
-    }
+    return rp.stopped_and_resumed(base, STEPS, SAVED, "mode=separate_async")
 
 
 def test_the_replica_serves_the_trainers_weights_after_each_sync(run):

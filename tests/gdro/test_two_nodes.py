@@ -57,7 +57,8 @@ from recipe_helpers.real_path import (
 
 from recipe.gdro.checkpoints import incomplete_reason
 
-pytestmark = pytest.mark.two_nodes  # deselected by default (pyproject.toml); .ci/run runs it as its own step
+pytestmark = pytest.mark.two_nodes  # deselected by default (pyproject.toml); .ci/run runs 1-2 as its own step, 3-6
+# (marked extended) run with the whole module: bash run_scripts/test.sh -m two_nodes (README)
 
 TOTAL_STEPS = 6  # the same command every launch; none of them gets to the end
 KILL_BOUND_S = 120  # the driver must end this soon after the node is lost
@@ -249,6 +250,7 @@ def test_a_node_lost_during_generation_ends_the_run_in_bounded_time_with_one_lin
     assert_lost_node_ended_the_run(killed)
 
 
+@pytest.mark.extended
 def test_a_node_lost_during_the_update_after_a_resume_ends_the_run_the_same_way(killed_in_update):
     """The second launch resumed from step 2 with the controller state restored field by field and saved step
     4; the worker node lost while both FSDP ranks update (the surviving rank waits on the dead one in a
@@ -263,6 +265,7 @@ def test_a_node_lost_during_the_update_after_a_resume_ends_the_run_the_same_way(
     assert_restored_as_saved(k["run"], 2)
 
 
+@pytest.mark.extended
 def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two_nodes, killed_in_update):
     """The node re-added, the same command resumes from step 4 with the controller state restored field by
     field, and SIGINT after step 5 ends it in seconds with exit 130 and one line, no process of the run
@@ -298,6 +301,7 @@ def test_the_same_command_resumes_after_the_node_is_back_and_sigint_stops_it(two
         assert incomplete_reason(str(run / f"global_step_{step}"), with_gdro_state=True) is None
 
 
+@pytest.mark.extended
 def test_a_node_lost_during_generation_ends_a_colocate_async_run_the_same_way(two_nodes):
     """A fresh ``mode=colocate_async`` run (its own folder; partial rollout and a warm-up window, so the
     driver waits on generation through verl's async loop) killed as the first launch is, while vLLM generates
@@ -314,6 +318,7 @@ def test_a_node_lost_during_generation_ends_a_colocate_async_run_the_same_way(tw
     assert_lost_node_ended_the_run(k)
 
 
+@pytest.mark.extended
 def test_a_node_lost_during_generation_ends_a_separate_async_run_the_same_way(two_nodes):
     """A fresh ``mode=separate_async`` run (its own folder): one trainer rank and one standalone replica, one on
     each node (``trainer.nnodes=1``; run_scripts/tiny_real_path_env.sh gives the rollout pool one node of one

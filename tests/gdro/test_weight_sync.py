@@ -82,6 +82,7 @@ def test_a_weight_sync_timeout_is_found_inside_rays_wrapper():
     assert _find_cause(ValueError("x"), WeightSyncTimeout) is None
 
 
+@pytest.mark.extended
 def test_failed_weight_sync_ends_the_run_clearly_in_bounded_time(tmp_path):
     require_venv()
     r, seconds = launch(
